@@ -1,0 +1,1 @@
+"""The `mlxcel` subcommands, one module each (shipped as `mlxcel.commands`)."""

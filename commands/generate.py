@@ -1,0 +1,197 @@
+"""Generate text from a prompt: streams to stdout, stats to stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import typer
+
+from .common import (
+    PROFILE_OPTION,
+    fail,
+    load_model_or_exit,
+    resolve,
+    settings_actions,
+)
+
+
+def generate(
+    prompt_arg: str | None = typer.Argument(None, metavar="[PROMPT]", help="Prompt; - reads stdin."),
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="Prompt (alternative to the argument)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="GGUF file, MLX dir or HF repo id."),
+    n_predict: int | None = typer.Option(None, "--predict", "-n", "--n-predict", "--max-tokens", help="Max tokens to generate (-1: until the context is full)."),
+    system: str | None = typer.Option(None, "--system", help="System message."),
+    temp: float | None = typer.Option(None, "--temp", "--temperature", help="Temperature (0 = greedy)."),
+    top_k: int | None = typer.Option(None, "--top-k", help="Top-k (0 = off)."),
+    top_p: float | None = typer.Option(None, "--top-p", help="Top-p (1.0 = off)."),
+    min_p: float | None = typer.Option(None, "--min-p", help="Min-p (0.0 = off)."),
+    p_less: bool = typer.Option(False, "--p-less", help="p-less truncation."),
+    repeat_penalty: float | None = typer.Option(None, "--repeat-penalty", help="Repetition penalty (1.0 = off)."),
+    repeat_last_n: int | None = typer.Option(None, "--repeat-last-n", help="Penalty window."),
+    presence_penalty: float | None = typer.Option(None, "--presence-penalty"),
+    frequency_penalty: float | None = typer.Option(None, "--frequency-penalty"),
+    dry_multiplier: float | None = typer.Option(None, "--dry-multiplier", help="DRY multiplier (0 = off)."),
+    dry_base: float | None = typer.Option(None, "--dry-base"),
+    dry_allowed_length: int | None = typer.Option(None, "--dry-allowed-length"),
+    dry_penalty_last_n: int | None = typer.Option(None, "--dry-penalty-last-n"),
+    xtc_probability: float | None = typer.Option(None, "--xtc-probability"),
+    xtc_threshold: float | None = typer.Option(None, "--xtc-threshold"),
+    seed: int | None = typer.Option(None, "--seed", "-s", help="Seed (-1 = random)."),
+    stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
+    max_pattern_size: int | None = typer.Option(None, "--max-pattern-size", help="Loop detection: longest pattern."),
+    min_pattern_size: int | None = typer.Option(None, "--min-pattern-size", help="Loop detection: shortest pattern."),
+    min_count: int | None = typer.Option(None, "--min-count", help="Loop detection: repeats that stop generation."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep generating past end-of-sequence."),
+    no_chat_template: bool = typer.Option(False, "--no-chat-template", help="Send the prompt raw, without the chat template."),
+    chat_template_file: str | None = typer.Option(None, "--chat-template-file", help="Jinja chat template file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+    show_settings: bool = typer.Option(False, "--show-settings", help="Print the resolved settings and their sources, then exit."),
+    save_profile: str | None = typer.Option(None, "--save-profile", help="Write the resolved settings to a TOML profile."),
+    profile: str | None = PROFILE_OPTION,
+) -> None:
+    """Generate text from a prompt on a local model (the embedded default if none is given)."""
+    cli: dict[str, Any] = {
+        "model": model,
+        "n_predict": n_predict,
+        "temp": temp,
+        "top_k": top_k,
+        "top_p": top_p,
+        "min_p": min_p,
+        "repeat_penalty": repeat_penalty,
+        "repeat_last_n": repeat_last_n,
+        "presence_penalty": presence_penalty,
+        "frequency_penalty": frequency_penalty,
+        "dry_multiplier": dry_multiplier,
+        "dry_base": dry_base,
+        "dry_allowed_length": dry_allowed_length,
+        "dry_penalty_last_n": dry_penalty_last_n,
+        "xtc_probability": xtc_probability,
+        "xtc_threshold": xtc_threshold,
+        "seed": seed,
+        "chat_template_file": chat_template_file,
+        "no_chat_template": no_chat_template or None,
+        "ignore_eos": ignore_eos or None,
+    }
+    resolved = resolve(profile, cli)
+    if settings_actions(resolved, show_settings, save_profile):
+        return
+    settings = resolved.settings
+    text = _read_prompt(prompt_arg, prompt)
+
+    from mlxcel.engine.defaults import loop_params, sampling_from_settings
+    from mlxcel.engine.errors import InvalidRequestError
+    from mlxcel.engine.prompting import PromptError, build_prompt
+    from mlxcel.engine.text.request import GenerationRequest
+    from mlxcel.engine.text.scheduler import TextEngine
+
+    template = _read_template(settings.chat_template_file) or settings.chat_template
+    loaded = load_model_or_exit(settings.model, store=settings.model_store)
+    if template:
+        loaded.tokenizer.chat_template = template
+    tokenizer = loaded.tokenizer
+    try:
+        tokens = build_prompt(
+            tokenizer, text, system=system, raw=settings.no_chat_template
+        )
+        sampling = sampling_from_settings(settings, tokenizer, p_less=p_less or None)
+        loop = loop_params(
+            settings,
+            loaded.info.family,
+            max_pattern_size=max_pattern_size,
+            min_pattern_size=min_pattern_size,
+            min_count=min_count,
+        )
+    except (PromptError, ValueError) as exc:
+        fail(str(exc))
+    request = GenerationRequest(
+        prompt_tokens=tokens,
+        max_tokens=None if settings.n_predict < 0 else settings.n_predict,
+        sampling=sampling,
+        stop=tuple(stop),
+        loop=loop,
+        ignore_eos=settings.ignore_eos,
+        cache_prompt=False,
+    )
+    engine = TextEngine(loaded, slots=1, prefill_chunk=settings.batch_size)
+    pieces: list[str] = []
+    start = time.perf_counter()
+    try:
+        for event in engine.generate(request):
+            if event.text:
+                pieces.append(event.text)
+                if not as_json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+            if event.finished:
+                final = event
+    except InvalidRequestError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        raise typer.Exit(130) from None
+    finally:
+        engine.stop()
+    wall = time.perf_counter() - start
+    if final.finish_reason == "error":
+        fail(f"generation failed: {final.error or 'internal error'}", code=1)
+    timings = final.timings
+    peak = _peak_memory_gb()
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "text": "".join(pieces),
+                    "finish_reason": final.finish_reason,
+                    "model": loaded.info.name,
+                    "usage": {
+                        "prompt_tokens": final.prompt_tokens,
+                        "completion_tokens": final.completion_tokens,
+                        "total_tokens": final.prompt_tokens + final.completion_tokens,
+                    },
+                    "timings": timings.to_dict() if timings else {},
+                    "peak_memory_gb": round(peak, 3),
+                },
+                ensure_ascii=False,
+            )
+        )
+        return
+    sys.stdout.write("\n")
+    if timings is not None:
+        print(
+            f"prompt: {timings.prompt_n} tokens, {timings.prompt_per_second:.1f} tok/s | "
+            f"generation: {timings.predicted_n} tokens, {timings.predicted_per_second:.1f} tok/s | "
+            f"peak memory: {peak:.3f} GB | finish: {final.finish_reason} | {wall:.2f} s",
+            file=sys.stderr,
+        )
+
+
+def _read_prompt(arg: str | None, option: str | None) -> str:
+    if arg is not None and option is not None:
+        fail("give the prompt either as an argument or with -p, not both")
+    text = option if option is not None else arg
+    if text is None:
+        fail("no prompt given (pass PROMPT, -p PROMPT, or - to read stdin)")
+    if text == "-":
+        text = sys.stdin.read()
+    if not text.strip():
+        fail("the prompt is empty")
+    return text
+
+
+def _read_template(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        fail(f"cannot read chat template file {path}: {exc.strerror or exc}")
+
+
+def _peak_memory_gb() -> float:
+    import mlx.core as mx
+
+    return float(mx.get_peak_memory()) / 1e9

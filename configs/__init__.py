@@ -1,0 +1,1 @@
+"""Shipped settings profiles (TOML), installed as `mlxcel.configs`."""

@@ -1,0 +1,46 @@
+"""The `mlxcel` command: one Typer app with a subcommand per capability.
+
+Importing this module must stay cheap (no ML libraries): `mlxcel --help` and shell
+completion load nothing heavy; each subcommand imports the engine when it runs.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from mlxcel import __version__
+from mlxcel.commands import cache, generate, tokenize
+
+app = typer.Typer(
+    name="mlxcel",
+    help="Local inference on MLX: generate, tokenize, manage models.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlxcel {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Local inference on MLX."""
+
+
+app.command("generate", help=generate.__doc__)(generate.generate)
+app.command("tokenize", help=tokenize.__doc__)(tokenize.tokenize)
+app.add_typer(cache.app, name="cache")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,23 @@
+"""Engine exceptions: each carries a one-line message fit for a user."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class of the engine's errors."""
+
+
+class ModelLoadError(EngineError, ValueError):
+    """A model reference could not be resolved or loaded."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """A generation request is malformed or does not fit the model (maps to HTTP 400)."""
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt (plus the requested tokens) does not fit the slot's context."""
+
+
+class QueueFullError(EngineError):
+    """The prefill queue is at its depth limit (maps to HTTP 503)."""

