@@ -1,0 +1,125 @@
+"""Per-request sampling parameters (llama-server / OpenAI meanings and defaults)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the next token; pure data, no MLX.
+
+    Window sizes follow llama-server's `repeat_last_n`: 0 disables the penalty, -1 means the
+    whole context. DRY is the exception (`dry_penalty_last_n` 0 or -1: whole context).
+    `top_k` <= 0 is off, `temperature` <= 0 is greedy, a negative `seed` is like None
+    (llama-server's -1: a fresh random seed).
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    p_less: bool = False
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_context_size: int = 64
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 0
+    dry_sequence_breakers: tuple[int, ...] = ()
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        """True when the next token is the argmax (temperature <= 0)."""
+        return self.temperature <= 0
+
+    def validate(self) -> None:
+        """Raise ValueError (one line) for the first out-of-range field."""
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+            "dry_multiplier",
+            "dry_base",
+            "xtc_probability",
+            "xtc_threshold",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, not {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, not {value!r}")
+        for name in (
+            "top_k",
+            "repetition_context_size",
+            "penalty_context_size",
+            "dry_allowed_length",
+            "dry_penalty_last_n",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, not {value!r}")
+        _check(self.temperature >= 0, f"temperature must be >= 0, not {self.temperature}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], not {self.top_p}")
+        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], not {self.min_p}")
+        _check(
+            self.repetition_penalty > 0,
+            f"repetition_penalty must be > 0, not {self.repetition_penalty}",
+        )
+        for name in ("repetition_context_size", "penalty_context_size", "dry_penalty_last_n"):
+            value = getattr(self, name)
+            _check(value >= -1, f"{name} must be >= -1, not {value}")
+        _check(self.dry_multiplier >= 0, f"dry_multiplier must be >= 0, not {self.dry_multiplier}")
+        _check(self.dry_base >= 1, f"dry_base must be >= 1, not {self.dry_base}")
+        _check(
+            self.dry_allowed_length >= 1,
+            f"dry_allowed_length must be >= 1, not {self.dry_allowed_length}",
+        )
+        for token in self.dry_sequence_breakers:
+            _check(
+                isinstance(token, int) and not isinstance(token, bool) and token >= 0,
+                f"dry_sequence_breakers must be token ids >= 0, not {token!r}",
+            )
+        _check(
+            0 <= self.xtc_probability <= 1,
+            f"xtc_probability must be in [0, 1], not {self.xtc_probability}",
+        )
+        _check(
+            0 <= self.xtc_threshold <= 1,
+            f"xtc_threshold must be in [0, 1], not {self.xtc_threshold}",
+        )
+        _check(
+            self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
+            f"seed must be an integer or None, not {self.seed!r}",
+        )
+        _check(isinstance(self.p_less, bool), f"p_less must be a boolean, not {self.p_less!r}")
+        for entry in self.logit_bias:
+            _check(
+                isinstance(entry, tuple) and len(entry) == 2,
+                f"logit_bias entries must be (token_id, bias) pairs, not {entry!r}",
+            )
+            token, bias = entry
+            _check(
+                isinstance(token, int) and not isinstance(token, bool) and token >= 0,
+                f"logit_bias token ids must be integers >= 0, not {token!r}",
+            )
+            _check(
+                isinstance(bias, (int, float)) and not math.isnan(bias) and bias != math.inf,
+                f"logit_bias for token {token} must be a number or -inf, not {bias!r}",
+            )
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

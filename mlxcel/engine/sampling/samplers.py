@@ -1,0 +1,193 @@
+"""Token samplers: top-k, top-p, min-p, XTC, temperature and p-less, then a categorical draw.
+
+The order is llama.cpp's (top_k; top_p; min_p; xtc; temperature; p_less). A sampler is a
+closure `sampler(logprobs[B, V]) -> token ids[B]` that stays lazy (no host sync). When top-k
+is on, every later stage works on the k candidates only (a partition instead of a full
+vocabulary sort); without top-k the vocabulary is sorted only when top-p needs it.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxcel.engine.sampling.params import SamplingParams
+
+Sampler = Callable[[mx.array], mx.array]
+
+_NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The truncation stages of one request, resolved once."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    log_min_p: float | None
+    xtc_probability: float
+    xtc_threshold: float
+    p_less: bool
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> _Plan:
+        return cls(
+            temperature=float(params.temperature),
+            top_k=max(int(params.top_k), 0),
+            top_p=float(params.top_p),
+            log_min_p=math.log(params.min_p) if params.min_p > 0 else None,
+            xtc_probability=float(params.xtc_probability),
+            xtc_threshold=float(params.xtc_threshold),
+            p_less=bool(params.p_less),
+        )
+
+
+def greedy(logprobs: mx.array) -> mx.array:
+    """The most probable token of each row."""
+    return mx.argmax(logprobs, axis=-1)
+
+
+def top_k_candidates(logprobs: mx.array, k: int) -> tuple[mx.array, mx.array]:
+    """The `k` most probable tokens of each row, most probable first: (values, token ids)."""
+    idx = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[..., :k]
+    vals = mx.take_along_axis(logprobs, idx, axis=-1)
+    order = mx.argsort(-vals, axis=-1)
+    return mx.take_along_axis(vals, order, axis=-1), mx.take_along_axis(idx, order, axis=-1)
+
+
+def sorted_candidates(logprobs: mx.array) -> tuple[mx.array, mx.array]:
+    """All tokens, most probable first: (values, token ids)."""
+    idx = mx.argsort(-logprobs, axis=-1)
+    return mx.take_along_axis(logprobs, idx, axis=-1), idx
+
+
+def mask_top_p(sorted_vals: mx.array, top_p: float) -> mx.array:
+    """Keep the shortest most-probable prefix whose probability mass reaches `top_p`.
+
+    `sorted_vals` must be in decreasing order; probabilities are renormalized over the
+    candidates that are still finite.
+    """
+    probs = mx.softmax(sorted_vals, axis=-1)
+    mass_before = mx.cumsum(probs, axis=-1, inclusive=False)
+    return mx.where(mass_before < top_p, sorted_vals, _NEG_INF)
+
+
+def mask_min_p(vals: mx.array, log_min_p: float) -> mx.array:
+    """Keep tokens with p >= min_p * p_max (in log space: v >= v_max + log(min_p))."""
+    threshold = mx.max(vals, axis=-1, keepdims=True) + log_min_p
+    return mx.where(vals >= threshold, vals, _NEG_INF)
+
+
+def mask_xtc(vals: mx.array, threshold: float, apply: mx.array | None = None) -> mx.array:
+    """Exclude Top Choices: drop every token with p >= `threshold` but the least probable.
+
+    Only when at least two tokens reach the threshold (ties with the least probable one are
+    kept). `apply` ([B, 1] booleans) selects the rows it applies to; None: all rows.
+    """
+    probs = mx.softmax(vals, axis=-1)
+    above = probs >= threshold
+    least = mx.min(mx.where(above, probs, math.inf), axis=-1, keepdims=True)
+    enough = mx.sum(above, axis=-1, keepdims=True) >= 2
+    drop = above & (probs > least) & enough
+    if apply is not None:
+        drop = drop & apply
+    return mx.where(drop, _NEG_INF, vals)
+
+
+def mask_p_less(vals: mx.array) -> mx.array:
+    """Keep tokens with p >= sum(p^2) (the distribution's own collision probability).
+
+    The most probable token always satisfies it; it is kept explicitly against rounding.
+    """
+    probs = mx.softmax(vals, axis=-1)
+    threshold = mx.sum(probs * probs, axis=-1, keepdims=True)
+    keep = (probs >= threshold) | (vals >= mx.max(vals, axis=-1, keepdims=True))
+    return mx.where(keep, vals, _NEG_INF)
+
+
+def _truncate(
+    plan: _Plan, logprobs: mx.array, xtc_key: mx.array | None
+) -> tuple[mx.array, mx.array | None]:
+    """Candidates after every stage, divided by the temperature: (logits, token ids).
+
+    Token ids are None when the candidates are the whole vocabulary in its own order.
+    """
+    vocab = logprobs.shape[-1]
+    vals = logprobs.astype(mx.float32)
+    idx: mx.array | None = None
+    if 0 < plan.top_k < vocab:
+        vals, idx = top_k_candidates(vals, plan.top_k)
+    elif plan.top_p < 1.0:
+        vals, idx = sorted_candidates(vals)
+    if plan.top_p < 1.0:
+        vals = mask_top_p(vals, plan.top_p)
+    if plan.log_min_p is not None:
+        vals = mask_min_p(vals, plan.log_min_p)
+    if plan.xtc_probability > 0:
+        apply = None
+        if plan.xtc_probability < 1:
+            draw = mx.random.uniform(shape=(vals.shape[0], 1), key=xtc_key)
+            apply = draw < plan.xtc_probability
+        vals = mask_xtc(vals, plan.xtc_threshold, apply)
+    vals = vals * (1.0 / plan.temperature)
+    if plan.p_less:
+        vals = mask_p_less(vals)
+    return vals, idx
+
+
+def _initial_key(seed: int | None) -> mx.array:
+    if seed is None or seed < 0:
+        seed = secrets.randbits(63)
+    return mx.random.key(seed & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def make_sampler(params: SamplingParams) -> Sampler:
+    """The request's token sampler: greedy when temperature <= 0, else the truncation chain.
+
+    Randomness comes from a per-request key (from `params.seed`, or a fresh random one) split
+    at every call, so the same seed, parameters and logits give the same tokens regardless
+    of the global MLX random state.
+    """
+    if params.temperature <= 0:
+        return greedy
+    plan = _Plan.from_params(params)
+    key = [_initial_key(params.seed)]
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        keys = mx.random.split(key[0], 3)
+        key[0] = keys[0]
+        vals, idx = _truncate(plan, logprobs, keys[1])
+        choice = mx.random.categorical(vals, axis=-1, key=keys[2])
+        if idx is None:
+            return choice
+        return mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+
+    return sampler
+
+
+def make_distribution(params: SamplingParams) -> Callable[..., mx.array]:
+    """`distribution(logprobs, key=None) -> logprobs[B, V]` the sampler would draw from.
+
+    Removed tokens are -inf; the rest are renormalized after the temperature. Greedy puts
+    all the mass on the argmax. `key` only matters for XTC with 0 < probability < 1.
+    """
+    plan = _Plan.from_params(params)
+
+    def distribution(logprobs: mx.array, key: mx.array | None = None) -> mx.array:
+        rows, vocab = logprobs.shape
+        if plan.temperature <= 0:
+            best = mx.argmax(logprobs, axis=-1, keepdims=True)
+            hot = mx.arange(vocab)[None, :] == best
+            return mx.where(hot, 0.0, _NEG_INF)
+        vals, idx = _truncate(plan, logprobs, key)
+        if idx is not None:
+            full = mx.full((rows, vocab), _NEG_INF, dtype=vals.dtype)
+            vals = mx.put_along_axis(full, idx, vals, axis=-1)
+        return vals - mx.logsumexp(vals, axis=-1, keepdims=True)
+
+    return distribution
