@@ -39,10 +39,10 @@ def settings_actions(resolved: ResolvedSettings, show: bool, save: str | None) -
         from mlxcel.config import save_profile
 
         try:
-            save_profile(resolved.settings, save)
+            written = save_profile(resolved.settings, save)
         except OSError as exc:
             fail(f"cannot write {save}: {exc.strerror or exc}")
-        print(f"mlxcel: settings written to {save}", file=sys.stderr)
+        print(f"mlxcel: settings written to {written}", file=sys.stderr)
     if show:
         from rich.console import Console
 
