@@ -42,7 +42,7 @@ def render_chat(
                 messages,
                 add_generation_prompt=add_generation_prompt,
                 tools=tools or None,
-                **(template_kwargs or {}),
+                template_kwargs=template_kwargs,
             )
         )
     except TemplateError as exc:

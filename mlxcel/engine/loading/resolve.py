@@ -152,10 +152,8 @@ def _generation_config_eos(path: Path) -> set[int]:
 def _count_parameters(model: Any) -> int:
     from mlx.utils import tree_flatten
 
-    total = 0
-    for _, value in tree_flatten(model.parameters()):
-        total += int(value.size)
-    return total
+    leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())
+    return sum(int(value.size) for _, value in leaves)
 
 
 def _first_line(exc: BaseException) -> str:

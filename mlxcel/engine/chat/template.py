@@ -1,0 +1,270 @@
+"""Chat templates, compiled once and rendered in an immutable Jinja sandbox.
+
+Templates come from GGUF files and downloads, so they are untrusted input: they run in
+`ImmutableSandboxedEnvironment`, where any reach for Python internals or any mutation of the
+objects we pass in raises instead of running. The environment follows the Hugging Face
+conventions (`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII text,
+`trim_blocks`/`lstrip_blocks`, loop controls, `{% generation %}` blocks).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from mlxcel.engine.errors import EngineError
+
+#: Variables the server renders itself; chat_template_kwargs may not set them.
+RESERVED_VARIABLES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "documents"}
+)
+
+#: Used for models that ship no chat template.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- elif message['content'] is iterable %}"
+    "{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Sizes past which `*` and `**` in a template are refused (memory and CPU bombs).
+_MAX_REPEAT_LEN = 10_000_000
+_MAX_EXPONENT = 4096
+
+# (family, markers that must all appear); the first row that matches wins, so the most
+# specific rows come first.
+_FAMILY_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("harmony", ("<|channel|>", "<|message|>")),
+    ("minimax_m3", ("]<]minimax[>[",)),
+    ("minimax_m2", ("<minimax:tool_call>",)),
+    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("longcat", ("<longcat_tool_call>",)),
+    ("glm", ("<arg_key>", "<arg_value>")),
+    ("gemma4", ("<|tool_call>",)),
+    ("function_gemma", ("<start_function_call>",)),
+    ("gemma", ("<start_of_turn>",)),
+    ("deepseek", ("<｜tool▁calls▁begin｜>",)),
+    ("deepseek", ("<｜Assistant｜>",)),
+    ("qwen3_coder", ("<tool_call>", "<function=", "<parameter=")),
+    ("functionary_v32", (">>>all",)),
+    ("functionary_v31", ("<function=", "<|start_header_id|>")),
+    ("llama4", ("<|header_start|>",)),
+    ("llama3", ("<|start_header_id|>",)),
+    ("granite", ("<|start_of_role|>",)),
+    ("command_r", ("<|START_OF_TURN_TOKEN|>",)),
+    ("pythonic", ("<|tool_call_start|>",)),
+    ("mistral", ("[TOOL_CALLS]",)),
+    ("mistral", ("[INST]",)),
+    ("qwen3", ("<|im_start|>", "<think>")),
+    ("hermes", ("<tool_call>",)),
+    ("phi3", ("<|assistant|>", "<|end|>")),
+    ("chatml", ("<|im_start|>",)),
+)
+
+
+class TemplateError(EngineError, ValueError):
+    """A chat template failed to compile or render; the message is one line."""
+
+
+def detect_family(source: str) -> str:
+    """A coarse model family from the markers in a chat template; "generic" if none match."""
+    for family, markers in _FAMILY_MARKERS:
+        if all(marker in source for marker in markers):
+            return family
+    return "generic"
+
+
+class ChatTemplate:
+    """A chat template compiled once in the sandbox; `render` may be called from any thread."""
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str | None,
+        eos_token: str | None,
+        extra_special: dict[str, str] | None = None,
+    ) -> None:
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        special = extra_special or {}
+        self.extra_special = {k: v for k, v in special.items() if v is not None}
+        self.reserved = RESERVED_VARIABLES | frozenset(special)
+        try:
+            self._template = _make_environment().from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            message = _one_line(exc.message or "")
+            raise TemplateError(
+                f"chat template does not compile (line {exc.lineno}): {message}"
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - any compile failure of untrusted input
+            raise TemplateError(f"chat template does not compile: {_describe(exc)}") from exc
+
+    @property
+    def family(self) -> str:
+        """The family `detect_family` reads from this template."""
+        return detect_family(self.source)
+
+    def check_kwargs(self, kwargs: Mapping[str, Any]) -> None:
+        """Raise TemplateError if chat_template_kwargs set a variable the server renders."""
+        for key in kwargs:
+            if key in self.reserved:
+                raise TemplateError(f"chat_template_kwargs may not set {key!r}")
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        /,
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Render `messages`; `template_kwargs` and extra `kwargs` (chat_template_kwargs)
+        reach the template, except the reserved names, which raise TemplateError.
+
+        Pass request kwargs as `template_kwargs`: spread with `**`, a key such as "tools"
+        would bind to the parameter instead of being refused.
+        `tools` and `documents` stay undefined in the template when None or empty.
+        """
+        extra = {**(template_kwargs or {}), **kwargs}
+        self.check_kwargs(extra)
+        context: dict[str, Any] = extra
+        context.update(self.extra_special)
+        context["messages"] = messages
+        context["add_generation_prompt"] = add_generation_prompt
+        if self.bos_token is not None:
+            context["bos_token"] = self.bos_token
+        if self.eos_token is not None:
+            context["eos_token"] = self.eos_token
+        if tools:
+            context["tools"] = tools
+        if documents:
+            context["documents"] = documents
+        try:
+            return self._template.render(context)
+        except TemplateError:
+            raise
+        except SecurityError as exc:
+            raise TemplateError(f"chat template refused: {_describe(exc)}") from exc
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"chat template error: {_describe(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - untrusted code may fail in any way
+            raise TemplateError(
+                f"chat template error: {type(exc).__name__}: {_describe(exc)}"
+            ) from exc
+
+
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}` (HF's assistant-mask marker) renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, made strict: unsafe access raises instead of rendering empty."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:  # type: ignore[override]
+        raise SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+        )
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            _check_repeat(left, right)
+            _check_repeat(right, left)
+        elif (
+            operator == "**"
+            and isinstance(left, int)
+            and isinstance(right, int)
+            and abs(left) > 1
+            and right > _MAX_EXPONENT
+        ):
+            raise SecurityError(f"exponent {right} is too large")
+        return super().call_binop(context, operator, left, right)
+
+
+def _check_repeat(seq: Any, count: Any) -> None:
+    repeats = isinstance(seq, (str, list, tuple)) and isinstance(count, int)
+    if repeats and len(seq) * count > _MAX_REPEAT_LEN:
+        raise SecurityError("repetition result is too large")
+
+
+def _raise_exception(message: Any = "") -> NoReturn:
+    raise TemplateError(_one_line(str(message)) or "chat template raised an exception")
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(str(fmt))
+
+
+def _tojson(
+    value: Any,
+    indent: int | str | None = None,
+    ensure_ascii: bool = False,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # The first positional argument is `indent`, as in Jinja's own filter; the keywords are HF's.
+    return json.dumps(
+        value,
+        indent=indent,
+        ensure_ascii=ensure_ascii,
+        separators=separators,
+        sort_keys=sort_keys,
+        default=_json_default,
+    )
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _make_environment() -> _Sandbox:
+    env = _Sandbox(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols", _GenerationBlock],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).strip().splitlines() if line.strip())
+
+
+def _describe(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or str(exc)
+    return _one_line(message) or type(exc).__name__
