@@ -21,10 +21,10 @@ def _mlx_lm_run(model, tokenizer, prompt: list[int], n: int) -> tuple[float, flo
 
     wrapper = TokenizerWrapper(tokenizer.hf)
     last = None
-    for last in stream_generate(
+    for response in stream_generate(
         model, wrapper, prompt, max_tokens=n, sampler=make_sampler(temp=0.0)
     ):
-        pass
+        last = response
     assert last is not None
     return last.prompt_tps, last.generation_tps, last.generation_tokens
 

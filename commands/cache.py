@@ -59,7 +59,10 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
     if as_json:
         print(
             json.dumps(
-                [{"name": r.name, "kind": r.kind, "size_bytes": r.size, "path": str(r.path)} for r in rows]
+                [
+                    {"name": r.name, "kind": r.kind, "size_bytes": r.size, "path": str(r.path)}
+                    for r in rows
+                ]
             )
         )
         return
@@ -85,7 +88,9 @@ def _find(name: str) -> _Row:
 def info(name: str = typer.Argument(..., help="A name from `mlxcel cache list`.")) -> None:
     """Show where a cached model lives and how big it is."""
     row = _find(name)
-    files = sorted(p for p in row.path.rglob("*") if p.is_file()) if row.path.is_dir() else [row.path]
+    files = (
+        sorted(p for p in row.path.rglob("*") if p.is_file()) if row.path.is_dir() else [row.path]
+    )
     print(f"name: {row.name}\nkind: {row.kind}\nsize: {_human(row.size)}\npath: {row.path}")
     for f in files[:50]:
         print(f"  {f.name}  {_human(f.stat().st_size)}")

@@ -28,7 +28,9 @@ def resolve(profile: str | None, cli: dict[str, Any]) -> ResolvedSettings:
     from mlxcel.config import SettingsError, resolve_settings
 
     try:
-        return resolve_settings(profile=profile, cli={k: v for k, v in cli.items() if v is not None})
+        return resolve_settings(
+            profile=profile, cli={k: v for k, v in cli.items() if v is not None}
+        )
     except SettingsError as exc:
         fail(str(exc))
 
@@ -52,9 +54,9 @@ def settings_actions(resolved: ResolvedSettings, show: bool, save: str | None) -
     return show or bool(save)
 
 
-def load_model_or_exit(ref: str | None, *, store: str | None = None, quiet: bool = False) -> (
-    LoadedModel
-):
+def load_model_or_exit(
+    ref: str | None, *, store: str | None = None, quiet: bool = False
+) -> LoadedModel:
     """Load a text model, or print one line and exit 2."""
     from rich.console import Console
 

@@ -19,21 +19,40 @@ from .common import (
 
 
 def generate(
-    prompt_arg: str | None = typer.Argument(None, metavar="[PROMPT]", help="Prompt; - reads stdin."),
-    prompt: str | None = typer.Option(None, "--prompt", "-p", help="Prompt (alternative to the argument)."),
-    model: str | None = typer.Option(None, "--model", "-m", help="GGUF file, MLX dir or HF repo id."),
-    n_predict: int | None = typer.Option(None, "--predict", "-n", "--n-predict", "--max-tokens", help="Max tokens to generate (-1: until the context is full)."),
+    prompt_arg: str | None = typer.Argument(
+        None, metavar="[PROMPT]", help="Prompt; - reads stdin."
+    ),
+    prompt: str | None = typer.Option(
+        None, "--prompt", "-p", help="Prompt (alternative to the argument)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="GGUF file, MLX dir or HF repo id."
+    ),
+    n_predict: int | None = typer.Option(
+        None,
+        "--predict",
+        "-n",
+        "--n-predict",
+        "--max-tokens",
+        help="Max tokens to generate (-1: until the context is full).",
+    ),
     system: str | None = typer.Option(None, "--system", help="System message."),
-    temp: float | None = typer.Option(None, "--temp", "--temperature", help="Temperature (0 = greedy)."),
+    temp: float | None = typer.Option(
+        None, "--temp", "--temperature", help="Temperature (0 = greedy)."
+    ),
     top_k: int | None = typer.Option(None, "--top-k", help="Top-k (0 = off)."),
     top_p: float | None = typer.Option(None, "--top-p", help="Top-p (1.0 = off)."),
     min_p: float | None = typer.Option(None, "--min-p", help="Min-p (0.0 = off)."),
     p_less: bool = typer.Option(False, "--p-less", help="p-less truncation."),
-    repeat_penalty: float | None = typer.Option(None, "--repeat-penalty", help="Repetition penalty (1.0 = off)."),
+    repeat_penalty: float | None = typer.Option(
+        None, "--repeat-penalty", help="Repetition penalty (1.0 = off)."
+    ),
     repeat_last_n: int | None = typer.Option(None, "--repeat-last-n", help="Penalty window."),
     presence_penalty: float | None = typer.Option(None, "--presence-penalty"),
     frequency_penalty: float | None = typer.Option(None, "--frequency-penalty"),
-    dry_multiplier: float | None = typer.Option(None, "--dry-multiplier", help="DRY multiplier (0 = off)."),
+    dry_multiplier: float | None = typer.Option(
+        None, "--dry-multiplier", help="DRY multiplier (0 = off)."
+    ),
     dry_base: float | None = typer.Option(None, "--dry-base"),
     dry_allowed_length: int | None = typer.Option(None, "--dry-allowed-length"),
     dry_penalty_last_n: int | None = typer.Option(None, "--dry-penalty-last-n"),
@@ -41,15 +60,33 @@ def generate(
     xtc_threshold: float | None = typer.Option(None, "--xtc-threshold"),
     seed: int | None = typer.Option(None, "--seed", "-s", help="Seed (-1 = random)."),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
-    max_pattern_size: int | None = typer.Option(None, "--max-pattern-size", help="Loop detection: longest pattern."),
-    min_pattern_size: int | None = typer.Option(None, "--min-pattern-size", help="Loop detection: shortest pattern."),
-    min_count: int | None = typer.Option(None, "--min-count", help="Loop detection: repeats that stop generation."),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep generating past end-of-sequence."),
-    no_chat_template: bool = typer.Option(False, "--no-chat-template", help="Send the prompt raw, without the chat template."),
-    chat_template_file: str | None = typer.Option(None, "--chat-template-file", help="Jinja chat template file."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
-    show_settings: bool = typer.Option(False, "--show-settings", help="Print the resolved settings and their sources, then exit."),
-    save_profile: str | None = typer.Option(None, "--save-profile", help="Write the resolved settings to a TOML profile."),
+    max_pattern_size: int | None = typer.Option(
+        None, "--max-pattern-size", help="Loop detection: longest pattern."
+    ),
+    min_pattern_size: int | None = typer.Option(
+        None, "--min-pattern-size", help="Loop detection: shortest pattern."
+    ),
+    min_count: int | None = typer.Option(
+        None, "--min-count", help="Loop detection: repeats that stop generation."
+    ),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="Keep generating past end-of-sequence."
+    ),
+    no_chat_template: bool = typer.Option(
+        False, "--no-chat-template", help="Send the prompt raw, without the chat template."
+    ),
+    chat_template_file: str | None = typer.Option(
+        None, "--chat-template-file", help="Jinja chat template file."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print one JSON object instead of streaming."
+    ),
+    show_settings: bool = typer.Option(
+        False, "--show-settings", help="Print the resolved settings and their sources, then exit."
+    ),
+    save_profile: str | None = typer.Option(
+        None, "--save-profile", help="Write the resolved settings to a TOML profile."
+    ),
     profile: str | None = PROFILE_OPTION,
 ) -> None:
     """Generate text from a prompt on a local model (the embedded default if none is given)."""
@@ -93,9 +130,7 @@ def generate(
         loaded.tokenizer.chat_template = template
     tokenizer = loaded.tokenizer
     try:
-        tokens = build_prompt(
-            tokenizer, text, system=system, raw=settings.no_chat_template
-        )
+        tokens = build_prompt(tokenizer, text, system=system, raw=settings.no_chat_template)
         sampling = sampling_from_settings(settings, tokenizer, p_less=p_less or None)
         loop = loop_params(
             settings,

@@ -12,11 +12,15 @@ from .common import PROFILE_OPTION, fail, load_model_or_exit, resolve
 
 def tokenize(
     text: str | None = typer.Argument(None, help="Text to tokenize; - reads stdin."),
-    model: str | None = typer.Option(None, "--model", "-m", help="GGUF file, MLX dir or HF repo id."),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="GGUF file, MLX dir or HF repo id."
+    ),
     pieces: bool = typer.Option(False, "--pieces", help="Show each token's text piece."),
     count: bool = typer.Option(False, "--count", help="Print only the number of tokens."),
     add_special: bool = typer.Option(False, "--add-special", help="Add BOS/EOS as the model does."),
-    decode: str | None = typer.Option(None, "--decode", help="Comma-separated ids to turn back into text."),
+    decode: str | None = typer.Option(
+        None, "--decode", help="Comma-separated ids to turn back into text."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     profile: str | None = PROFILE_OPTION,
 ) -> None:
@@ -24,7 +28,9 @@ def tokenize(
     settings = resolve(profile, {"model": model}).settings
     if decode is not None:
         ids = _parse_ids(decode)
-        tokenizer = load_model_or_exit(settings.model, store=settings.model_store, quiet=True).tokenizer
+        tokenizer = load_model_or_exit(
+            settings.model, store=settings.model_store, quiet=True
+        ).tokenizer
         bad = [i for i in ids if not tokenizer.is_valid_id(i)]
         if bad:
             fail(f"token id {bad[0]} is out of the vocabulary (size {tokenizer.vocab_size})")

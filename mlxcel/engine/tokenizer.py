@@ -33,8 +33,8 @@ class Tokenizer:
         self.bos_token_id: int | None = hf_tokenizer.bos_token_id
         self.bos_token: str | None = hf_tokenizer.bos_token
         self.eos_token: str | None = hf_tokenizer.eos_token
-        self.chat_template = chat_template if chat_template is not None else _template_of(
-            hf_tokenizer
+        self.chat_template = (
+            chat_template if chat_template is not None else _template_of(hf_tokenizer)
         )
         self.vocab_size: int = len(hf_tokenizer)
 
@@ -72,9 +72,9 @@ class Tokenizer:
         """Ids of all special (control) tokens."""
         return frozenset(int(i) for i in self.hf.all_special_ids)
 
-    def detokenizer(self, context: Sequence[int] = (), *, skip_special: bool = True) -> (
-        IncrementalDetokenizer
-    ):
+    def detokenizer(
+        self, context: Sequence[int] = (), *, skip_special: bool = True
+    ) -> IncrementalDetokenizer:
         """A fresh streaming detokenizer seeded with the tail of `context`."""
 
         def decode(ids: Sequence[int]) -> str:
@@ -109,5 +109,5 @@ def _byte_decoder() -> dict[str, int]:
                 printable.append(b)
                 codes.append(256 + extra)
                 extra += 1
-        _BYTE_DECODER = {chr(c): b for b, c in zip(printable, codes)}
+        _BYTE_DECODER = {chr(c): b for b, c in zip(printable, codes, strict=True)}
     return _BYTE_DECODER

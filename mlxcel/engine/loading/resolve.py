@@ -44,7 +44,26 @@ def load_model(
             loaded = _load_repo_id(ref)
     if chat_template is not None:
         loaded.tokenizer.chat_template = chat_template
+    _use_float32_on_cpu(loaded.model)
     return loaded
+
+
+def _use_float32_on_cpu(model: Any) -> None:
+    """On the CPU backend, compute in float32: half-precision math there is emulated and
+    many times slower. Quantized weights stay packed; their scales and every other
+    float16/bfloat16 parameter become float32."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    if mx.default_device() != mx.cpu:
+        return
+    half = (mx.float16, mx.bfloat16)
+
+    def widen(value: Any) -> Any:
+        return value.astype(mx.float32) if getattr(value, "dtype", None) in half else value
+
+    model.update(tree_map(widen, model.parameters()))
+    mx.eval(model.parameters())
 
 
 def _has_gguf_magic(path: Path) -> bool:
@@ -75,7 +94,11 @@ def _load_gguf(path: Path, store_dir: str | None, *, source: str) -> LoadedModel
         gguf = load_gguf(path, store=store)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"{path.name}: {_first_line(exc)}") from exc
-    tokenizer = Tokenizer(gguf.tokenizer, chat_template=gguf.chat_template)
+    tokenizer = Tokenizer(
+        gguf.tokenizer,
+        eos_token_ids=getattr(gguf, "eos_token_ids", ()),
+        chat_template=gguf.chat_template,
+    )
     info = ModelInfo(
         name=path.stem,
         source=source,
@@ -117,7 +140,9 @@ def _load_mlx_dir(path: Path, *, source: str, name: str) -> LoadedModel:
             or config.get("max_seq_len")
             or DEFAULT_CONTEXT_LENGTH
         ),
-        quantization=f"{quant['bits']}-bit" if isinstance(quant, dict) and "bits" in quant else "none",
+        quantization=f"{quant['bits']}-bit"
+        if isinstance(quant, dict) and "bits" in quant
+        else "none",
         family=_family(architecture, tokenizer.chat_template),
         num_parameters=_count_parameters(model),
     )
@@ -152,7 +177,7 @@ def _generation_config_eos(path: Path) -> set[int]:
 def _count_parameters(model: Any) -> int:
     from mlx.utils import tree_flatten
 
-    leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())
+    leaves: Any = tree_flatten(model.parameters())
     return sum(int(value.size) for _, value in leaves)
 
 

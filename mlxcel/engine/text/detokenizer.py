@@ -47,4 +47,3 @@ class IncrementalDetokenizer:
         full_text = self._decode(tokens[self._prefix :])
         self._prefix = self._read = len(tokens)
         return full_text[len(prefix_text) :]
-
