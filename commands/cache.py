@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from . import cache_remote
 from .common import fail
 
 app = typer.Typer(
@@ -130,3 +131,8 @@ def directory() -> None:
     except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
         hf = "(huggingface_hub not installed)"
     print(f"mlxcel store: {ModelStore.default().root}\nhugging face cache: {hf}")
+
+
+# A running server's prompt cache: `mlxcel cache stats|reset [--url URL] [--api-key K]`.
+app.command("stats")(cache_remote.stats)
+app.command("reset")(cache_remote.reset)

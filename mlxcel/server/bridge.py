@@ -68,7 +68,9 @@ class EngineClient:
             raise bad_request(str(exc)) from exc
         return stream
 
-    async def complete(self, request: GenerationRequest) -> tuple[str, GenerationEvent, list[GenerationEvent]]:
+    async def complete(
+        self, request: GenerationRequest
+    ) -> tuple[str, GenerationEvent, list[GenerationEvent]]:
         """Run `request` to the end: (text, final event, all events)."""
         stream = self.open(request)
         events: list[GenerationEvent] = []
@@ -76,5 +78,7 @@ class EngineClient:
             events.append(event)
         final = events[-1]
         if final.finish_reason == "error":
-            raise APIError(500, f"generation failed: {final.error or 'internal error'}", "server_error")
+            raise APIError(
+                500, f"generation failed: {final.error or 'internal error'}", "server_error"
+            )
         return "".join(e.text for e in events), final, events

@@ -109,10 +109,17 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             message = str(exc.detail)
         return error_response(
-            APIError(status, message, _STATUS_TYPES.get(status, "server_error"), headers=dict(exc.headers or {}))
+            APIError(
+                status,
+                message,
+                _STATUS_TYPES.get(status, "server_error"),
+                headers=dict(exc.headers or {}),
+            )
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         # Never leak paths or tracebacks: the type name is enough for a bug report.
-        return error_response(APIError(500, f"internal error ({type(exc).__name__})", "server_error"))
+        return error_response(
+            APIError(500, f"internal error ({type(exc).__name__})", "server_error")
+        )

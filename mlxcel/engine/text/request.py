@@ -106,6 +106,8 @@ class GenerationEvent:
     completion_tokens: int = 0
     timings: Timings | None = None
     error: str | None = None
+    slot: int = -1
+    stop_word: str | None = None  # the stop string that ended generation, if any
 
     @property
     def finished(self) -> bool:

@@ -45,6 +45,12 @@ class EngineCounters:
     sequences_completed: int = 0
     prefill_tokens_total: int = 0
     decode_tokens_total: int = 0
+    decode_steps: int = 0
+    prefill_chunks: int = 0
+    prompt_seconds_total: float = 0.0
+    decode_seconds_total: float = 0.0
+    busy_slots_per_decode_total: int = 0  # sum over decode steps of the slots they advanced
+    n_tokens_max: int = 0  # the most tokens (prompt + generated) any request held
     busy_slots_max: int = 0
 
 
@@ -123,6 +129,7 @@ class TextEngine:
         self._thread: threading.Thread | None = None
         self._eos_stops: Any = None
         self._no_stops: Any = None
+        self._seen: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
 
     # ---------------------------------------------------------------- public API
 
@@ -260,6 +267,7 @@ class TextEngine:
         eos = sorted(self.tokenizer.eos_token_ids)
         self._eos_stops = StopSequences([[t] for t in eos] if eos else None)
         self._no_stops = StopSequences(None)
+        self._seen = (0, 0.0, 0.0, 0)
         return BatchGenerator(
             self.loaded.model,
             completion_batch_size=self.n_slots,
@@ -307,13 +315,25 @@ class TextEngine:
             job = self._by_uid.get(p.uid)
             if job is not None and p.end_of_prompt:
                 job.prefilled = True
-        if prompt_responses:
-            self.counters.prefill_tokens_total = generator._counters.prompt_tokens
+        self._count_step(generator, len(responses), bool(prompt_responses))
         for r in responses:
             job = self._by_uid.get(r.uid)
             if job is None or job.finished:
                 continue
             self._on_token(generator, job, r, now)
+
+    def _count_step(self, generator: Any, n_decoded: int, prefilled: bool) -> None:
+        """Fold the generator's own counters (never decreasing) into ours."""
+        g = generator._counters
+        tokens, prompt_time, decode_time, steps = self._seen
+        c = self.counters
+        c.prefill_tokens_total += g.prompt_tokens - tokens
+        c.prompt_seconds_total += g.prompt_time - prompt_time
+        c.decode_seconds_total += g.decode_time - decode_time
+        c.decode_steps += g.generation_steps - steps
+        c.prefill_chunks += int(prefilled)
+        c.busy_slots_per_decode_total += n_decoded
+        self._seen = (g.prompt_tokens, g.prompt_time, g.decode_time, g.generation_steps)
 
     def _on_token(self, generator: Any, job: _Job, r: Any, now: float) -> None:
         if job.n_generated == 0:
@@ -330,14 +350,16 @@ class TextEngine:
             return
         request = job.request
         text = job.detok.add(token)
-        logprobs = self._logprobs(r, token, request.logprobs) if request.logprobs is not None else ()
+        logprobs = (
+            self._logprobs(r, token, request.logprobs) if request.logprobs is not None else ()
+        )
         stop_hit = False
         if job.stopper is not None and text:
             text, stop_hit = job.stopper.feed(text)
         if stop_hit:
             self._emit(job, text, token, logprobs)
             self._remove(generator, job)
-            self._finish(job, "stop")
+            self._finish(job, "stop", stop_word=job.stopper.matched)
             return
         if job.loop is not None and job.loop.push(token):
             self._emit(job, text, token, logprobs)
@@ -348,8 +370,7 @@ class TextEngine:
             self._emit(job, text, token, logprobs)
             self._finish(job, "length", tail=self._flush_text(job))
             return
-        if text or logprobs:
-            self._emit(job, text, token, logprobs)
+        self._emit(job, text, token, logprobs)
 
     def _caching(self, job: _Job) -> bool:
         return self.prompt_cache is not None and job.request.cache_prompt
@@ -388,24 +409,31 @@ class TextEngine:
         if top_n > 0:
             k = min(top_n, row.shape[-1])
             idx = mx.argpartition(-row, kth=k - 1)[:k]
-            vals = row[idx]
-            pairs = sorted(zip(idx.tolist(), vals.tolist()), key=lambda p: -p[1])
-            top = tuple((int(i), float(v)) for i, v in pairs)
+            ids: list[int] = idx.tolist()  # type: ignore[assignment]
+            vals: list[float] = row[idx].tolist()  # type: ignore[assignment]
+            top = tuple(sorted(zip(ids, vals, strict=True), key=lambda p: -p[1]))
         return (TokenLogprob(token, float(row[token].item()), top),)
 
-    def _emit(
-        self, job: _Job, text: str, token: int, logprobs: tuple[TokenLogprob, ...]
-    ) -> None:
+    def _emit(self, job: _Job, text: str, token: int, logprobs: tuple[TokenLogprob, ...]) -> None:
         job.sink(
             GenerationEvent(
                 request_id=job.request.request_id,
                 text=text,
                 token_ids=(token,),
                 logprobs=logprobs,
+                slot=job.slot,
             )
         )
 
-    def _finish(self, job: _Job, reason: Any, *, tail: str = "", error: str | None = None) -> None:
+    def _finish(
+        self,
+        job: _Job,
+        reason: Any,
+        *,
+        tail: str = "",
+        error: str | None = None,
+        stop_word: str | None = None,
+    ) -> None:
         if job.finished:
             return
         job.finished = True
@@ -431,6 +459,9 @@ class TextEngine:
                 c.prompt_tokens_total += len(job.request.prompt_tokens)
                 c.completion_tokens_total += job.n_generated
                 c.generation_seconds_total += end - (job.admitted or end)
+                c.n_tokens_max = max(
+                    c.n_tokens_max, len(job.request.prompt_tokens) + job.n_generated
+                )
         job.sink(
             GenerationEvent(
                 request_id=job.request.request_id,
@@ -440,6 +471,8 @@ class TextEngine:
                 completion_tokens=job.n_generated,
                 timings=timings,
                 error=error,
+                slot=job.slot,
+                stop_word=stop_word,
             )
         )
 

@@ -1,0 +1,132 @@
+"""Speak text with Kokoro-82M: write a 24 kHz WAV file, or play it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from .common import fail
+
+if TYPE_CHECKING:
+    from mlxcel.engine.audio.tts import KokoroModel
+
+MODEL_ENV = "MLXCEL_TTS_MODEL"
+PLAYERS = (
+    ("afplay",),
+    ("pw-play",),
+    ("paplay",),
+    ("aplay", "-q"),
+    ("ffplay", "-nodisp", "-autoexit", "-loglevel", "error"),
+)
+
+
+def find_player() -> list[str] | None:
+    """The first audio player on PATH, as a command prefix (the WAV path goes last)."""
+    for command in PLAYERS:
+        program = shutil.which(command[0])
+        if program is not None:
+            return [program, *command[1:]]
+    return None
+
+
+def _load(ref: str | None, quiet: bool) -> KokoroModel:
+    from rich.console import Console
+
+    from mlxcel.engine.audio.tts import load_kokoro
+    from mlxcel.engine.errors import EngineError
+
+    console = Console(stderr=True)
+    try:
+        if quiet or not console.is_terminal:
+            return load_kokoro(ref)
+        with console.status(f"loading {ref}…"):
+            return load_kokoro(ref)
+    except EngineError as exc:
+        fail(str(exc))
+
+
+def _play(wav: bytes, player: list[str]) -> None:
+    with tempfile.NamedTemporaryFile(suffix=".wav") as handle:
+        handle.write(wav)
+        handle.flush()
+        try:
+            subprocess.run([*player, handle.name], check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            fail(f"{Path(player[0]).name} could not play the audio ({exc})")
+
+
+def speak(
+    text: str | None = typer.Argument(None, help="Text to speak; - reads stdin."),
+    voice: str | None = typer.Option(
+        None, "--voice", "-v", help="Voice pack (af_heart, bm_fable, ...) or OpenAI voice name."
+    ),
+    speed: float = typer.Option(1.0, "--speed", help="Speaking rate, 0.25 to 4."),
+    output: str | None = typer.Option(
+        None, "--output", "-o", help="WAV file to write (- for stdout); default: play it."
+    ),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help=f"Kokoro model directory or cached HF repo id; default: ${MODEL_ENV}.",
+    ),
+    phonemes: bool = typer.Option(
+        False, "--phonemes", help="TEXT is Kokoro phonemes, not text (no phonemizer needed)."
+    ),
+    list_voices: bool = typer.Option(False, "--list-voices", help="List the voices and exit."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No spinner or summary."),
+) -> None:
+    """Speak text with Kokoro-82M: write a 24 kHz WAV file, or play it."""
+    from mlxcel.engine.audio.codec import write_wav
+    from mlxcel.engine.audio.tts import MAX_SPEED, MIN_SPEED, synthesize
+    from mlxcel.engine.errors import EngineError
+
+    if not list_voices:
+        if text is None:
+            fail("missing TEXT (or - to read stdin)")
+        if text == "-":
+            text = sys.stdin.read()
+        if not text.strip():
+            fail("nothing to say: the text is empty")
+        if not MIN_SPEED <= speed <= MAX_SPEED:
+            fail(f"--speed must be between {MIN_SPEED} and {MAX_SPEED}")
+    player = None
+    if output is None and not list_voices:
+        player = find_player()
+        if player is None:
+            fail("no audio player found (afplay, pw-play, paplay, aplay, ffplay); use -o out.wav")
+    tts = _load(model or os.environ.get(MODEL_ENV) or None, quiet)
+    if list_voices:
+        for name in sorted(tts.voices):
+            print(f"{name}{'  (default)' if name == tts.default_voice else ''}")
+        return
+    assert text is not None
+    try:
+        speech = synthesize(tts, text, voice=voice, speed=speed, phonemes=phonemes)
+    except EngineError as exc:
+        fail(str(exc))
+    wav = write_wav(speech.samples, speech.sample_rate)
+    if output == "-":
+        sys.stdout.buffer.write(wav)
+        sys.stdout.buffer.flush()
+    elif output is not None:
+        try:
+            Path(output).write_bytes(wav)
+        except OSError as exc:
+            fail(f"cannot write {output}: {exc.strerror or exc}")
+    if not quiet and output != "-":
+        where = output if output is not None else "the speakers"
+        print(
+            f"mlxcel: {speech.duration:.2f} s of speech ({speech.voice}, "
+            f"{speech.sample_rate} Hz) → {where}",
+            file=sys.stderr,
+        )
+    if player is not None:
+        _play(wav, player)

@@ -1,0 +1,96 @@
+"""The FastAPI application: routers, error handlers, auth, CORS and size limits."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from mlxcel.server.errors import install_error_handlers
+from mlxcel.server.middleware import MAX_HEADER_BYTES, ApiKeys, RequestGuard
+
+if TYPE_CHECKING:
+    from mlxcel.config import Settings
+    from mlxcel.server.state import ServerState
+
+PUBLIC_ROUTES = ("/health", "/")
+"""Paths (under the API prefix) that never need an API key."""
+
+
+def normalize_prefix(prefix: str | None) -> str:
+    """`--api-prefix` as `/segment` (leading slash, no trailing one), or ''."""
+    text = (prefix or "").strip().strip("/")
+    return f"/{text}" if text else ""
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _routers() -> list[APIRouter]:
+    from mlxcel.server.health import router as health_router
+    from mlxcel.server.llama_native.routes import router as native_router
+    from mlxcel.server.models_route import router as models_router
+    from mlxcel.server.openai_chat.routes import router as chat_router
+    from mlxcel.server.openai_completions.routes import router as completions_router
+    from mlxcel.server.ops.routes import router as ops_router
+
+    return [
+        health_router,
+        models_router,
+        chat_router,
+        completions_router,
+        native_router,
+        ops_router,
+    ]
+
+
+def public_paths(prefix: str) -> set[str]:
+    """The unauthenticated paths for `prefix` (`/health`, `/`, and the bare prefix)."""
+    paths = {f"{prefix}{route}" for route in PUBLIC_ROUTES}
+    if prefix:
+        paths.add(prefix)
+    return paths
+
+
+def add_cors(app: FastAPI, settings: Settings) -> None:
+    """CORS from `--cors-origins/methods/headers/credentials` (comma-separated lists)."""
+    origins = _split(settings.cors_origins)
+    if not origins:
+        return
+    credentials = bool(settings.cors_credentials)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=origins,
+        allow_methods=_split(settings.cors_methods) or ["*"],
+        allow_headers=_split(settings.cors_headers) or ["*"],
+        allow_credentials=credentials,
+    )
+
+
+def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) -> FastAPI:
+    """Build the HTTP application around `state` (stored on `app.state.mlxcel`)."""
+    settings = state.settings
+    app = FastAPI(
+        title="mlxcel",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.mlxcel = state
+    install_error_handlers(app)
+    prefix = normalize_prefix(settings.api_prefix)
+    for router in _routers():
+        app.include_router(router, prefix=prefix)
+    # Middleware added last runs first: CORS (answers preflights), then the guard.
+    app.add_middleware(
+        RequestGuard,
+        api_keys=ApiKeys(settings.api_keys()),
+        public_paths=public_paths(prefix),
+        max_body_size=settings.max_body_size,
+        is_loading=lambda: state.loading,
+        max_header_bytes=max_header_bytes,
+    )
+    add_cors(app, settings)
+    return app

@@ -1,0 +1,140 @@
+"""Audio requests → worker jobs, and worker results → OpenAI's response bodies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from mlxcel.engine.errors import InvalidRequestError, QueueFullError
+from mlxcel.engine.workers.errors import WorkerStoppedError, WorkerTimeoutError
+from mlxcel.server.audio.protocol import SPEECH_MEDIA_TYPES, SpeechRequest, TranscriptionForm
+from mlxcel.server.errors import APIError, bad_request, server_busy
+
+if TYPE_CHECKING:
+    from mlxcel.engine.audio.transcribe import Transcription
+    from mlxcel.engine.workers.audio import AudioWorker
+
+T = TypeVar("T")
+
+TRANSCRIPTION_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations")
+SPEECH_ROUTES = ("/v1/audio/speech",)
+
+
+def not_implemented(message: str) -> APIError:
+    """501 `not_implemented`: no model on this server handles the route."""
+    return APIError(501, message, "not_implemented")
+
+
+def audio_worker(request: Request) -> AudioWorker | None:
+    """The server's audio worker: `ServerState.audio`, else `app.state.audio`, else None."""
+    state = getattr(request.app.state, "mlxcel", None)
+    worker = getattr(state, "audio", None) if state is not None else None
+    if worker is None:
+        worker = getattr(request.app.state, "audio", None)
+    return worker
+
+
+def served_routes(worker: AudioWorker | None) -> list[str]:
+    """The audio routes `worker` can answer (POST, with /v1)."""
+    if worker is None:
+        return []
+    routes = list(TRANSCRIPTION_ROUTES) if worker.has_stt else []
+    return routes + (list(SPEECH_ROUTES) if worker.has_tts else [])
+
+
+def require_worker(request: Request, *, stt: bool) -> AudioWorker:
+    """The worker for a speech-to-text (`stt`) or text-to-speech route; 501 or 503 if none."""
+    worker = audio_worker(request)
+    if worker is not None and not worker.ready and worker.running:
+        raise APIError(503, "Loading model", "server_busy", headers={"Retry-After": "1"})
+    if stt and (worker is None or not worker.has_stt):
+        raise not_implemented(
+            "this server has no speech-to-text model; start it with --audio-model MODEL"
+            " (--audio-model default: the shipped Whisper tiny.en)"
+        )
+    if not stt and (worker is None or not worker.has_tts):
+        raise not_implemented(
+            "this server has no text-to-speech model; start it with --tts-model KOKORO_DIR"
+        )
+    assert worker is not None
+    return worker
+
+
+async def call_worker(job: Awaitable[T]) -> T:
+    """Await a worker job, mapping engine errors to HTTP ones (400, 501, 503, 504)."""
+    from mlxcel.engine.audio.phonemize import PhonemizerUnavailable
+    from mlxcel.engine.workers.audio import AudioUnavailableError
+
+    try:
+        return await job
+    except QueueFullError as exc:
+        raise server_busy(f"{exc}; try again later") from exc
+    except WorkerStoppedError as exc:
+        raise APIError(503, str(exc), "unavailable_error") from exc
+    except WorkerTimeoutError as exc:
+        raise APIError(504, str(exc), "timeout_error") from exc
+    except AudioUnavailableError as exc:
+        raise not_implemented(str(exc)) from exc
+    except PhonemizerUnavailable as exc:
+        raise APIError(501, str(exc), "not_supported_error") from exc
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc)) from exc
+
+
+async def transcription_response(
+    worker: AudioWorker, data: bytes, filename: str, form: TranscriptionForm, *, task: str
+) -> Response:
+    """Decode the upload, transcribe (or translate) it on the worker, render the answer."""
+    from mlxcel.engine.audio.codec import AudioDecodeError, read_audio
+    from mlxcel.engine.audio.transcribe import TranscriptionOptions
+
+    try:
+        audio = await run_in_threadpool(read_audio, data, name=filename)
+    except AudioDecodeError as exc:
+        raise bad_request(str(exc)) from exc
+    options = TranscriptionOptions(
+        language=form.language,
+        task="translate" if task == "translate" else "transcribe",
+        prompt=form.prompt,
+        temperature=form.temperature,
+        word_timestamps=form.words,
+    )
+    result = await call_worker(worker.transcribe(audio.samples, options))
+    return render_transcription(result, form)
+
+
+def render_transcription(result: Transcription, form: TranscriptionForm) -> Response:
+    """The body for `form.response_format`."""
+    from mlxcel.engine.audio.formats import MEDIA_TYPES, as_json, as_srt, as_verbose_json, as_vtt
+
+    fmt = form.response_format
+    if fmt == "json":
+        return JSONResponse(as_json(result))
+    if fmt == "verbose_json":
+        body: Any = as_verbose_json(result, segments=form.segments, words=form.words)
+        return Response(json.dumps(body, ensure_ascii=False), media_type=MEDIA_TYPES[fmt])
+    if fmt == "text":
+        return PlainTextResponse(result.text + "\n")
+    text = as_srt(result) if fmt == "srt" else as_vtt(result)
+    return Response(text, media_type=MEDIA_TYPES[fmt])
+
+
+async def speech_response(worker: AudioWorker, body: SpeechRequest) -> Response:
+    """Synthesize `body.input` on the worker; WAV (or raw PCM) at the model's rate."""
+    from mlxcel.engine.audio.codec import to_pcm16, write_wav
+
+    fmt = body.audio_format()
+    if not body.input.strip():
+        raise bad_request("input must not be empty")
+    speech = await call_worker(worker.speak(body.input, voice=body.voice, speed=body.speed))
+    if fmt == "pcm":
+        content = to_pcm16(speech.samples)
+    else:
+        content = write_wav(speech.samples, speech.sample_rate)
+    headers = {"X-Sample-Rate": str(speech.sample_rate), "X-Voice": speech.voice}
+    return Response(content, media_type=SPEECH_MEDIA_TYPES[fmt], headers=headers)

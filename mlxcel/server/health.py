@@ -1,0 +1,63 @@
+"""GET /health (and /): liveness, loading state, batch and observability figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from starlette.responses import JSONResponse
+
+from mlxcel.server.errors import RETRY_AFTER_SECONDS
+from mlxcel.server.state import ServerState, get_state
+
+router = APIRouter()
+
+TOOL_CALL_PARSER = "mlxcel"
+
+
+def supports_tools(chat_template: str | None) -> bool:
+    """Whether a chat template renders tool definitions (it reads a `tools` variable)."""
+    return bool(chat_template) and "tools" in str(chat_template)
+
+
+def health_payload(state: ServerState) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body) of the health check, as the spec shows them."""
+    if state.loading or state.client is None:
+        return 503, {"status": "loading model", "tool_call_parser": None}
+    engine = state.client.engine
+    snap = engine.snapshot()
+    active = sum(1 for slot in snap.slots if slot.state != "idle")
+    counters = snap.counters
+    full = active >= len(snap.slots)
+    template = state.tokenizer.chat_template if state.tokenizer is not None else None
+    body = {
+        "status": "no slot available" if full else "ok",
+        "model": state.model_name,
+        "batch": {
+            "active_sequences": active,
+            "queue_depth": len(snap.queued),
+            "max_batch_size": len(snap.slots),
+        },
+        "observability": {
+            "sequences_started": counters.sequences_started,
+            "sequences_completed": counters.sequences_completed,
+            "total_prefill_tokens": counters.prefill_tokens_total,
+            "total_decode_tokens": counters.decode_tokens_total,
+            "decode_steps_processed": int(getattr(counters, "decode_steps", 0)),
+            "prefill_chunks_processed": int(getattr(counters, "prefill_chunks", 0)),
+            "current_batch_size": active,
+            "cache_pool_active": active,
+        },
+        "context_size": snap.context_per_slot,
+        "tool_call_parser": TOOL_CALL_PARSER if supports_tools(template) else None,
+    }
+    return (503 if full else 200), body
+
+
+@router.get("/health")
+@router.get("/")
+async def health(state: ServerState = Depends(get_state)) -> JSONResponse:
+    """Health check; 503 while loading or when every slot is busy."""
+    status, body = health_payload(state)
+    headers = {"Retry-After": RETRY_AFTER_SECONDS} if status == 503 else None
+    return JSONResponse(body, status_code=status, headers=headers)

@@ -1,0 +1,1 @@
+"""llama-server's native routes: /completion, /infill, /tokenize, /detokenize, /apply-template."""

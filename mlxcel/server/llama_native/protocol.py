@@ -1,0 +1,229 @@
+"""llama-server's native request bodies and the settings objects its answers carry."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlxcel.server.errors import bad_request
+from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
+
+if TYPE_CHECKING:
+    from mlxcel.config import Settings
+    from mlxcel.engine.sampling.params import SamplingParams
+
+UNSET_SEED = 18446744073709551615
+"""llama-server's `seed` when none is set (u64::MAX): a fresh random seed per request."""
+
+MAX_PROMPTS = 64
+"""Most prompts one native request may carry (each becomes its own sequence)."""
+
+SAMPLERS = ("penalties", "dry", "top_k", "top_p", "min_p", "xtc", "temperature")
+"""The sampler chain as `generation_settings.samplers` reports it."""
+
+PromptPart = str | int
+"""One element of a native prompt: text, or a token id."""
+
+
+class NativeCompletionRequest(SamplingFields):
+    """POST /completion (and /completions): llama-server's native completion body."""
+
+    model: str | None = None
+    prompt: Any = ""
+    n_predict: int | None = Field(None, ge=-2)
+    stream: bool = False
+    n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    return_tokens: bool = False
+    response_format: dict[str, Any] | None = None
+    # Thinking-budget aliases: accepted (a raw completion has no reasoning channel to cap).
+    thinking_budget_tokens: int | None = Field(None, ge=-1)
+    reasoning_budget: int | None = Field(None, ge=-1)
+    thinking_budget: int | None = Field(None, ge=-1)
+
+    def token_limit(self) -> int | None:
+        """`n_predict`, else `max_tokens`; -1 and -2 (until the context fills) read as None."""
+        value = self.n_predict if self.n_predict is not None else self.max_tokens
+        if value is None or value < 0:
+            return None
+        return value
+
+    def check_response_format(self) -> None:
+        """Only the no-op `{"type": "text"}` is accepted here (400 otherwise)."""
+        if self.response_format is None:
+            return
+        kind = self.response_format.get("type", "text")
+        if kind != "text":
+            raise bad_request(
+                f"response_format type {kind!r} is not supported on /completion; "
+                "use /v1/chat/completions for JSON-schema constrained decoding"
+            )
+
+
+class InfillRequest(NativeCompletionRequest):
+    """POST /infill: fill in the middle between `input_prefix` and `input_suffix`."""
+
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize."""
+
+    model_config = ConfigDict(extra="allow")
+
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize; ids are plain (arbitrary-precision) integers, checked later."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tokens: list[int] = Field(default_factory=list)
+
+
+def split_prompts(value: Any) -> list[list[PromptPart]]:
+    """The prompts of a native `prompt` field, each a list of text and token-id parts.
+
+    A string, a list of token ids, or a list mixing ids and strings is one prompt; a list
+    of strings, or a list whose items are strings or lists, is several prompts.
+    """
+
+    def is_id(item: Any) -> bool:
+        return isinstance(item, int) and not isinstance(item, bool)
+
+    def one(item: Any) -> list[PromptPart]:
+        if isinstance(item, str):
+            return [item]
+        if isinstance(item, list) and all(is_id(x) or isinstance(x, str) for x in item):
+            return list(item)
+        raise bad_request(
+            "prompt must be a string, a list of token ids (optionally mixed with strings) "
+            "or a list of such prompts"
+        )
+
+    if isinstance(value, str):
+        return [[value]]
+    if not isinstance(value, list) or not value:
+        raise bad_request("prompt must be a non-empty string or list")
+    if any(is_id(x) for x in value) and all(is_id(x) or isinstance(x, str) for x in value):
+        return [list(value)]
+    prompts = [one(item) for item in value]
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"prompt: at most {MAX_PROMPTS} prompts per request")
+    return prompts
+
+
+def seed_value(seed: int | None) -> int:
+    """A seed as llama-server reports it (u64::MAX when unset)."""
+    return UNSET_SEED if seed is None or seed < 0 else seed
+
+
+def sampling_params_view(
+    sampling: SamplingParams,
+    *,
+    n_predict: int,
+    stream: bool = False,
+    n_probs: int = 0,
+    ignore_eos: bool = False,
+) -> dict[str, Any]:
+    """The llama-server `params` object (as in `/props` and `/slots`) for `sampling`."""
+    return {
+        "seed": seed_value(sampling.seed),
+        "temperature": sampling.temperature,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "top_n_sigma": -1.0,
+        "xtc_probability": sampling.xtc_probability,
+        "xtc_threshold": sampling.xtc_threshold,
+        "typical_p": 1.0,
+        "repeat_last_n": sampling.repetition_context_size,
+        "repeat_penalty": sampling.repetition_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "dry_multiplier": sampling.dry_multiplier,
+        "dry_base": sampling.dry_base,
+        "dry_allowed_length": sampling.dry_allowed_length,
+        "dry_penalty_last_n": sampling.dry_penalty_last_n,
+        "p_less": sampling.p_less,
+        "mirostat": 0,
+        "mirostat_tau": 5.0,
+        "mirostat_eta": 0.1,
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "n_keep": 0,
+        "n_discard": 0,
+        "ignore_eos": ignore_eos,
+        "stream": stream,
+        "n_probs": n_probs,
+        "min_keep": 0,
+        "chat_format": "Content-only",
+        "reasoning_format": "none",
+        "reasoning_in_content": False,
+        "generation_prompt": "",
+        "samplers": list(SAMPLERS),
+        "speculative.types": "none",
+        "timings_per_token": False,
+        "post_sampling_probs": False,
+        "backend_sampling": False,
+        "lora": [],
+    }
+
+
+def generation_settings(
+    sampling: SamplingParams,
+    *,
+    settings: Settings,
+    n_predict: int,
+    stream: bool,
+    n_probs: int,
+    stop: tuple[str, ...],
+    ignore_eos: bool,
+) -> dict[str, Any]:
+    """The `generation_settings` object of a native completion answer."""
+    out = sampling_params_view(
+        sampling, n_predict=n_predict, stream=stream, n_probs=n_probs, ignore_eos=ignore_eos
+    )
+    out.update(
+        {
+            "dry_sequence_breakers": list(settings.dry_sequence_breaker),
+            "stop": list(stop),
+            # A banned token (-inf) reads as `false`, llama-server's spelling (JSON has no inf).
+            "logit_bias": [
+                [token, bias if bias != float("-inf") else False]
+                for token, bias in sampling.logit_bias
+            ],
+            "grammar": "",
+            "grammar_lazy": False,
+            "grammar_triggers": [],
+            "preserved_tokens": [],
+        }
+    )
+    return out
+
+
+def default_settings_flat(sampling: SamplingParams, n_predict: int) -> dict[str, Any]:
+    """The spec's flat `default_generation_settings` fields (besides llama-server's)."""
+    return {
+        "n_predict": n_predict,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "repeat_penalty": sampling.repetition_penalty,
+        "repeat_last_n": sampling.repetition_context_size,
+        "seed": seed_value(sampling.seed),
+        "frequency_penalty": sampling.frequency_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "dry_multiplier": sampling.dry_multiplier,
+        "dry_base": sampling.dry_base,
+        "dry_allowed_length": sampling.dry_allowed_length,
+        "dry_penalty_last_n": sampling.dry_penalty_last_n,
+    }

@@ -1,0 +1,62 @@
+"""Routes of llama-server's native API (thin: parsing is pydantic, work is in serving)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mlxcel.server.llama_native.protocol import (
+    DetokenizeRequest,
+    InfillRequest,
+    NativeCompletionRequest,
+    TokenizeRequest,
+)
+from mlxcel.server.llama_native.serving import NativeServing
+from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
+from mlxcel.server.state import ServerState, get_state
+
+router = APIRouter()
+
+
+@router.post("/completion")
+@router.post("/completions")
+async def completion(
+    body: NativeCompletionRequest, raw: Request, state: ServerState = Depends(get_state)
+) -> Response:
+    """llama-server's native completion (JSON, or SSE with `stream`)."""
+    return await NativeServing(state).completion(body, raw)
+
+
+@router.post("/infill")
+async def infill(
+    body: InfillRequest, raw: Request, state: ServerState = Depends(get_state)
+) -> Response:
+    """Fill-in-the-middle; 501 `not_supported_error` without FIM tokens."""
+    return await NativeServing(state).infill(body, raw)
+
+
+@router.post("/tokenize")
+async def tokenize(
+    body: TokenizeRequest, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """Token ids of `content` (with `with_pieces`: `{id, piece}` objects)."""
+    return await NativeServing(state).tokenize(body.content, body.add_special, body.with_pieces)
+
+
+@router.post("/detokenize")
+async def detokenize(
+    body: DetokenizeRequest, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """Text of `tokens`; an out-of-vocabulary id is a 500 `server_error`."""
+    return await NativeServing(state).detokenize(body.tokens)
+
+
+@router.post("/apply-template")
+async def apply_template(
+    body: ChatCompletionRequest, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """The chat-templated prompt of `messages`, not generated from."""
+    return await NativeServing(state).apply_template(body)

@@ -1,0 +1,184 @@
+"""The request guard: header and body size caps, API-key auth and the loading gate.
+
+One pure ASGI middleware (no BaseHTTPMiddleware: it would buffer streams and hide client
+disconnects). Checks run in this order, each answering in the OpenAI error shape:
+
+1. request headers over `max_header_bytes` -> 431;
+2. with API keys configured, every path but the public ones (`/health`, `/`) needs
+   `Authorization: Bearer <key>` (or the raw key, or `X-Api-Key`) -> 401
+   `missing_api_key` / `invalid_api_key`; keys are compared in constant time and never
+   read from the query string;
+3. while the model loads, everything but the public paths -> 503 `server_busy`;
+4. bodies over `max_body_size` -> 413, from `Content-Length` at once, or while reading a
+   body sent without one (chunked), before the application sees any of it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mlxcel.server.errors import RETRY_AFTER_SECONDS, error_body
+
+MAX_HEADER_BYTES = 32 * 1024
+"""Largest request head (request line and headers) accepted; larger gets 431."""
+
+
+class ApiKeys:
+    """The accepted API keys; `check` says which 401 a request earns, if any."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._keys = [k.encode("utf-8") for k in keys if k]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def _matches(self, candidate: str) -> bool:
+        given = candidate.encode("utf-8")
+        # Compare against every key (no short-circuit), each in constant time.
+        results = [hmac.compare_digest(given, key) for key in self._keys]
+        return any(results)
+
+    def check(self, authorization: str | None, x_api_key: str | None) -> str | None:
+        """None when the request may pass, else the error type: missing or invalid key."""
+        if not self._keys:
+            return None
+        candidates: list[str] = []
+        if authorization:
+            scheme, _, rest = authorization.strip().partition(" ")
+            if scheme.lower() == "bearer" and rest.strip():
+                candidates.append(rest.strip())
+            else:
+                candidates.append(authorization.strip())
+        if x_api_key:
+            candidates.append(x_api_key.strip())
+        if not candidates:
+            return "missing_api_key"
+        return None if any([self._matches(c) for c in candidates]) else "invalid_api_key"
+
+
+def _error(status: int, message: str, type: str, headers: dict[str, str] | None = None) -> Any:
+    return JSONResponse(error_body(message, type), status_code=status, headers=headers)
+
+
+class RequestGuard:
+    """ASGI middleware applying the size caps, auth and the loading gate (see module doc)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_keys: ApiKeys,
+        public_paths: Iterable[str],
+        max_body_size: int,
+        is_loading: Callable[[], bool] = lambda: False,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+    ) -> None:
+        self.app = app
+        self.api_keys = api_keys
+        self.public_paths = frozenset(public_paths)
+        self.max_body_size = max_body_size
+        self.is_loading = is_loading
+        self.max_header_bytes = max_header_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = scope.get("headers") or []
+        head_size = len(scope.get("raw_path") or scope["path"].encode()) + sum(
+            len(k) + len(v) + 4 for k, v in headers
+        )
+        if head_size > self.max_header_bytes:
+            response = _error(
+                431,
+                f"request headers too large: the limit is {self.max_header_bytes} bytes",
+                "invalid_request_error",
+            )
+            await response(scope, receive, send)
+            return
+        lookup = _header_lookup(headers)
+        public = scope["path"] in self.public_paths
+        if not public and self.api_keys.enabled:
+            failure = self.api_keys.check(lookup("authorization"), lookup("x-api-key"))
+            if failure is not None:
+                message = "Missing API key" if failure == "missing_api_key" else "Invalid API Key"
+                await _error(401, message, failure)(scope, receive, send)
+                return
+        if not public and self.is_loading():
+            response = _error(
+                503, "Loading model", "server_busy", {"Retry-After": RETRY_AFTER_SECONDS}
+            )
+            await response(scope, receive, send)
+            return
+        await self._with_body_cap(scope, receive, send, lookup("content-length"))
+
+    async def _with_body_cap(
+        self, scope: Scope, receive: Receive, send: Send, content_length: str | None
+    ) -> None:
+        limit = self.max_body_size
+        too_large = _error(
+            413, f"request body too large: the limit is {limit} bytes", "invalid_request_error"
+        )
+        if content_length is not None:
+            try:
+                declared = int(content_length)
+            except ValueError:
+                await _error(400, "invalid Content-Length header", "invalid_request_error")(
+                    scope, receive, send
+                )
+                return
+            if declared > limit:
+                await too_large(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (chunked): read the body here, up to the cap, then replay it.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([], message, receive), send)
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > limit:
+                await too_large(scope, receive, send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([replayed], None, receive), send)
+
+
+def _header_lookup(headers: list[tuple[bytes, bytes]]) -> Callable[[str], str | None]:
+    def lookup(name: str) -> str | None:
+        key = name.encode("latin-1")
+        for k, v in headers:
+            if k.lower() == key:
+                return v.decode("latin-1")
+        return None
+
+    return lookup
+
+
+def _replay(messages: list[Message], last: Message | None, receive: Receive) -> Receive:
+    """A receive callable that yields `messages` (then `last`) before the real ones."""
+    queue = list(messages) + ([last] if last is not None else [])
+
+    async def replay() -> Message:
+        if queue:
+            return queue.pop(0)
+        return await receive()
+
+    return replay

@@ -1,0 +1,302 @@
+"""Chat completions: a request body becomes one engine job; its events become the answer."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mlxcel.engine.prompting import PromptError, chat_tokens
+from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
+from mlxcel.server.errors import bad_request
+from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
+from mlxcel.server.openai_common import (
+    chat_logprobs,
+    check_final,
+    client_finish_reason,
+    collect_events,
+    envelope,
+    new_id,
+    now,
+    record_request,
+    reported_model,
+    scrub_paths,
+    usage_payload,
+)
+from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
+from mlxcel.server.sse import SSE_DONE, SSE_PING, event_stream, sse_data, with_keepalive
+
+if TYPE_CHECKING:
+    from mlxcel.server.bridge import EngineStream
+    from mlxcel.server.state import ServerState
+
+REQUIRED_TOOL_DIRECTIVE = "You must call at least one of the provided functions."
+NAMED_TOOL_DIRECTIVE = "You must call the function `{name}`."
+
+
+def _flatten_content(index: int, content: str | list[dict[str, Any]] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for part in content:
+        kind = part.get("type")
+        if kind in ("text", "input_text"):
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_request(f"messages[{index}].content: a text part needs a string 'text'")
+            texts.append(text)
+        else:
+            raise bad_request(
+                f"messages[{index}].content: '{kind}' content parts are not supported by this "
+                "model (text only)"
+            )
+    return "\n".join(texts)
+
+
+def _template_message(index: int, message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = dict(message.model_extra or {})
+    out["role"] = message.role
+    out["content"] = _flatten_content(index, message.content)
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            call = dict(call)
+            function = call.get("function")
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                function = dict(function)
+                try:
+                    parsed = json.loads(function["arguments"])
+                except ValueError:
+                    parsed = None
+                if isinstance(parsed, dict):  # templates expect an object, as transformers does
+                    function["arguments"] = parsed
+                call["function"] = function
+            calls.append(call)
+        out["tool_calls"] = calls
+    return out
+
+
+def _select_tools(
+    body: ChatCompletionRequest,
+) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(tools to render, directive to add) for `tools` + `tool_choice`."""
+    tools = body.tools or None
+    choice = body.tool_choice
+    if choice is None or choice == "auto":
+        return tools, None
+    if choice == "none":
+        return None, None
+    if choice == "required":
+        if not tools:
+            raise bad_request("tool_choice 'required' needs at least one tool in 'tools'")
+        return tools, REQUIRED_TOOL_DIRECTIVE
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str) or not name:
+            raise bad_request("tool_choice must name a function: {'type': 'function', ...}")
+        chosen = [
+            t
+            for t in tools or []
+            if isinstance(t.get("function"), dict) and t["function"].get("name") == name
+        ]
+        if not chosen:
+            raise bad_request(f"tool_choice names '{name}', which is not declared in 'tools'")
+        return chosen, NAMED_TOOL_DIRECTIVE.format(name=name)
+    raise bad_request("tool_choice must be 'none', 'auto', 'required' or a function object")
+
+
+def _add_directive(messages: list[dict[str, Any]], directive: str) -> None:
+    """Put a tool directive into the first system message, else the last user message."""
+    for message in messages:
+        if message["role"] == "system":
+            message["content"] = f"{message['content']}\n\n{directive}".lstrip()
+            return
+    for message in reversed(messages):
+        if message["role"] == "user":
+            message["content"] = f"{message['content']}\n\n{directive}".lstrip()
+            return
+    messages.insert(0, {"role": "system", "content": directive})
+
+
+def _check_response_format(response_format: dict[str, Any] | None) -> None:
+    if response_format is None:
+        return
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return
+    if kind == "json_object":
+        raise bad_request("response_format 'json_object' is not supported; use 'json_schema'")
+    if kind == "json_schema":
+        raise bad_request("response_format 'json_schema' is not supported by this server yet")
+    raise bad_request(f"response_format type must be 'text' or 'json_schema', not {kind!r}")
+
+
+def template_kwargs(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
+    """Server `--chat-template-kwargs` merged with the request's (the request's keys win).
+
+    The request's come from the first form present: `chat_template_kwargs`, then
+    `extra_body.chat_template_kwargs`, then `extra_body.preserve_thinking`.
+    """
+    nested = body.extra_body or {}
+    requested: dict[str, Any] = {}
+    if body.chat_template_kwargs is not None:
+        requested = dict(body.chat_template_kwargs)
+    elif isinstance(nested.get("chat_template_kwargs"), dict):
+        requested = dict(nested["chat_template_kwargs"])
+    elif isinstance(nested.get("preserve_thinking"), bool):
+        requested = {"preserve_thinking": nested["preserve_thinking"]}
+    elif isinstance((body.model_extra or {}).get("preserve_thinking"), bool):
+        requested = {"preserve_thinking": (body.model_extra or {})["preserve_thinking"]}
+    return {**dict(state.settings.chat_template_kwargs or {}), **requested}
+
+
+class ChatServing:
+    """Runs chat completion requests against the server's engine."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
+        """Answer one request: JSON, or an SSE stream once admission succeeded."""
+        state = self.state
+        assert state.client is not None and state.tokenizer is not None
+        body.check_n()
+        _check_response_format(body.response_format)
+        priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
+        tools, directive = _select_tools(body)
+        messages = [_template_message(i, m) for i, m in enumerate(body.messages)]
+        if directive:
+            _add_directive(messages, directive)
+        try:
+            tokens = await run_in_threadpool(
+                chat_tokens,
+                state.tokenizer,
+                messages,
+                tools=tools,
+                template_kwargs=template_kwargs(state, body),
+            )
+        except PromptError as exc:
+            raise bad_request(scrub_paths(str(exc))) from None
+        request = to_generation_request(
+            body,
+            settings=state.settings,
+            tokenizer=state.tokenizer,
+            family=state.model_info.family if state.model_info else None,
+            prompt_tokens=tokens,
+            max_tokens=body.token_limit(),
+            priority=priority,
+            logprobs=body.logprobs_count(),
+        )
+        started = time.perf_counter()
+        stream = state.client.open(request)  # 400/503 here, before any SSE header
+        meta = {
+            "id": new_id("chatcmpl-"),
+            "created": now(),
+            "model": reported_model(state, body.model),
+        }
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return event_stream(self._stream(stream, meta, include_usage, started))
+        return await self._complete(stream, meta, raw, started)
+
+    async def _complete(
+        self, stream: EngineStream, meta: dict[str, Any], raw: Request, started: float
+    ) -> Response:
+        events = await collect_events(stream, raw)
+        if events is None:  # the client is gone; nobody reads this
+            return Response(status_code=499)
+        final = events[-1]
+        check_final(final)
+        record_request(self.state, final, time.perf_counter() - started)
+        logprobs: list[TokenLogprob] = [lp for e in events for lp in e.logprobs]
+        assert self.state.tokenizer is not None
+        return JSONResponse(
+            {
+                **envelope(meta, "chat.completion"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": "".join(e.text for e in events),
+                        },
+                        "finish_reason": client_finish_reason(final),
+                        "logprobs": {"content": chat_logprobs(self.state.tokenizer, logprobs)}
+                        if stream.request.logprobs is not None
+                        else None,
+                    }
+                ],
+                "usage": usage_payload(final.prompt_tokens, final.completion_tokens),
+            }
+        )
+
+    def _chunk(
+        self,
+        meta: dict[str, Any],
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> str:
+        return sse_data(
+            {
+                **envelope(meta, "chat.completion.chunk"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": delta,
+                        "finish_reason": finish_reason,
+                        "logprobs": logprobs,
+                    }
+                ],
+            }
+        )
+
+    async def _stream(
+        self, stream: EngineStream, meta: dict[str, Any], include_usage: bool, started: float
+    ) -> AsyncIterator[str]:
+        tokenizer = self.state.tokenizer
+        assert tokenizer is not None
+        want_logprobs = stream.request.logprobs is not None
+        try:
+            yield self._chunk(meta, {"role": "assistant"})
+            final: GenerationEvent | None = None
+            async for event in with_keepalive(stream, self.state.settings.sse_ping_interval):
+                if event is None:
+                    yield SSE_PING
+                    continue
+                logprobs = (
+                    {"content": chat_logprobs(tokenizer, list(event.logprobs))}
+                    if want_logprobs and event.logprobs
+                    else None
+                )
+                if event.text or logprobs:
+                    yield self._chunk(meta, {"content": event.text}, logprobs=logprobs)
+                if event.finished:
+                    final = event  # the stream ends right after its finishing event
+            if final is None:
+                return
+            reason = client_finish_reason(final)
+            if reason != "error":
+                # Counted once, when generation ends (client-cancelled streams never get here).
+                record_request(self.state, final, time.perf_counter() - started)
+            yield self._chunk(meta, {}, reason)
+            if include_usage:
+                usage = usage_payload(final.prompt_tokens, final.completion_tokens)
+                yield sse_data(
+                    {**envelope(meta, "chat.completion.chunk"), "choices": [], "usage": usage}
+                )
+            yield SSE_DONE
+        finally:
+            stream.close()

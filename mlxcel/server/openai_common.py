@@ -1,0 +1,167 @@
+"""Pieces the OpenAI chat and completions serving layers share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import secrets
+import string
+import time
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
+from mlxcel.server.errors import APIError, bad_request, server_busy
+
+if TYPE_CHECKING:
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.server.bridge import EngineStream
+    from mlxcel.server.state import ServerState
+
+M = TypeVar("M", bound=BaseModel)
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.\-~]+){2,}[\\/]?")
+
+
+def scrub_paths(message: str) -> str:
+    """`message` with anything shaped like a file-system path replaced by `<path>`."""
+    return _PATH.sub("<path>", message)
+
+
+def new_id(prefix: str) -> str:
+    """A response id such as `chatcmpl-<24 random characters>`."""
+    return prefix + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """The JSON body as `model`, whatever the Content-Type (llama-server ignores it too).
+
+    Malformed JSON and validation failures are 400 `invalid_request_error`.
+    """
+    raw = await request.body()
+    try:
+        payload = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("request body is not valid JSON") from None
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+
+
+def now() -> int:
+    """The `created` timestamp: whole seconds since the epoch."""
+    return int(time.time())
+
+
+def reported_model(state: ServerState, requested: str | None) -> str:
+    """The `model` to answer with: the request's own value echoed, else the served name.
+
+    The field never selects, loads or reads anything: one model per server.
+    """
+    if isinstance(requested, str) and requested.strip():
+        return requested
+    return state.model_name
+
+
+def envelope(meta: dict[str, Any], object: str) -> dict[str, Any]:
+    """The leading fields of a response or chunk, in the spec's order."""
+    return {
+        "id": meta["id"],
+        "object": object,
+        "created": meta["created"],
+        "model": meta["model"],
+        "system_fingerprint": None,
+    }
+
+
+def usage_payload(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The OpenAI `usage` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def client_finish_reason(event: GenerationEvent) -> str:
+    """The finish reason a client sees: `cancelled` (server shutdown) reads as `error`."""
+    reason = event.finish_reason or "stop"
+    return reason if reason in ("stop", "length") else "error"
+
+
+def _logprob_item(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "token": tokenizer.piece(token_id),
+        "logprob": logprob,
+        "bytes": list(tokenizer.piece_bytes(token_id)),
+    }
+
+
+def chat_logprobs(tokenizer: Tokenizer, items: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Chat-style logprob entries (`choices[].logprobs.content`)."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        entry = _logprob_item(tokenizer, item.token_id, item.logprob)
+        entry["top_logprobs"] = [_logprob_item(tokenizer, t, lp) for t, lp in item.top]
+        out.append(entry)
+    return out
+
+
+def record_request(state: ServerState, final: GenerationEvent, seconds: float) -> None:
+    """Count one finished request for `/metrics` (the caller decides what counts)."""
+    counters = state.counters
+    counters.requests_total += 1
+    counters.prompt_tokens_total += final.prompt_tokens
+    counters.completion_tokens_total += final.completion_tokens
+    counters.generation_seconds_total += seconds
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def collect_events(stream: EngineStream, request: Request) -> list[GenerationEvent] | None:
+    """Run a non-streaming request to its end; None when the client went away first.
+
+    A client that disconnects cancels the sequence, so its slot frees at the next step.
+    """
+
+    async def gather() -> list[GenerationEvent]:
+        return [event async for event in stream]
+
+    work = asyncio.ensure_future(gather())
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+            stream.close()
+    if work.cancelled():
+        return None
+    return work.result()
+
+
+def check_final(final: GenerationEvent) -> None:
+    """Turn a non-streaming request's failure into its HTTP error (500, or 503 at shutdown)."""
+    if final.finish_reason == "error":
+        detail = scrub_paths(final.error or "internal error")
+        raise APIError(500, f"generation failed: {detail}", "server_error")
+    if final.finish_reason == "cancelled":
+        raise server_busy("the server is shutting down")

@@ -1,0 +1,26 @@
+"""Request body of POST /v1/completions (pydantic; unknown fields allowed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from mlxcel.server.openai_chat.protocol import StreamOptions
+from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions: one prompt (text or token ids), one choice."""
+
+    model: str | None = None
+    prompt: Prompt
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: dict[str, Any] | None = None

@@ -1,0 +1,1 @@
+"""Observability routes: /props, /slots, /metrics, /v1/cache/*."""

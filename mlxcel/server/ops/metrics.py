@@ -1,0 +1,228 @@
+"""Prometheus text for GET /metrics: the spec's `mlxcel_*` families and llama-server's own.
+
+The `mlxcel_*` names, help and types are the spec's; the `llamacpp:*` families carry
+llama-server's names so that dashboards built for it keep working.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlxcel.server.state import ServerState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family with a single unlabelled sample."""
+
+    name: str
+    type: str  # "counter" | "gauge"
+    help: str
+    value: float
+
+
+def _format(value: float) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def render(families: list[Family]) -> str:
+    """The Prometheus text exposition (format 0.0.4) of `families`."""
+    blocks = [
+        f"# HELP {f.name} {f.help}\n# TYPE {f.name} {f.type}\n{f.name} {_format(f.value)}\n"
+        for f in families
+    ]
+    return "\n".join(blocks)
+
+
+def _rate(amount: float, seconds: float) -> float:
+    return amount / seconds if seconds > 0 else 0.0
+
+
+def collect(state: ServerState) -> list[Family]:
+    """Every family, read from the HTTP counters, the engine snapshot and the prompt cache."""
+    http = state.counters
+    n_slots = busy = queued = 0
+    engine: Any = None
+    if state.client is not None:
+        snap = state.client.engine.snapshot()
+        engine = snap.counters
+        n_slots = len(snap.slots)
+        busy = sum(1 for slot in snap.slots if slot.state != "idle")
+        queued = len(snap.queued)
+
+    def engine_value(name: str, default: float = 0) -> float:
+        value = getattr(engine, name, default) if engine is not None else default
+        return value if isinstance(value, (int, float)) else default
+
+    cache = state.prompt_cache
+    cached_tokens = int(getattr(cache, "tokens_reused", 0)) if cache is not None else 0
+    prefill_tokens = engine_value("prefill_tokens_total")
+    decode_tokens = engine_value("decode_tokens_total")
+    prompt_seconds = engine_value("prompt_seconds_total", 0.0)
+    decode_seconds = engine_value("decode_seconds_total", 0.0)
+    decode_steps = engine_value("decode_steps")
+    busy_per_decode = engine_value("busy_slots_per_decode_total")
+
+    ours = [
+        Family(
+            "mlxcel_requests_total",
+            "counter",
+            "Total number of completed generation requests; chat completion streams "
+            "cancelled by the client are excluded",
+            http.requests_total,
+        ),
+        Family(
+            "mlxcel_prompt_tokens_total",
+            "counter",
+            "Total prompt tokens processed",
+            http.prompt_tokens_total,
+        ),
+        Family(
+            "mlxcel_completion_tokens_total",
+            "counter",
+            "Total completion tokens of the requests counted in mlxcel_requests_total",
+            http.completion_tokens_total,
+        ),
+        Family(
+            "mlxcel_generation_time_seconds_total",
+            "counter",
+            "Total generation time in seconds",
+            float(http.generation_seconds_total),
+        ),
+        Family("mlxcel_slots_total", "gauge", "Total number of parallel slots", n_slots),
+        Family("mlxcel_slots_available", "gauge", "Available parallel slots", n_slots - busy),
+        Family("mlxcel_queue_depth", "gauge", "Current prefill queue depth", queued),
+        Family(
+            "mlxcel_batch_sequences_started",
+            "counter",
+            "Total sequences that entered prefill",
+            engine_value("sequences_started"),
+        ),
+        Family(
+            "mlxcel_batch_sequences_completed",
+            "counter",
+            "Total sequences that completed generation",
+            engine_value("sequences_completed"),
+        ),
+        Family(
+            "mlxcel_batch_prefill_tokens_total",
+            "counter",
+            "Cumulative prefill tokens processed",
+            prefill_tokens,
+        ),
+        Family(
+            "mlxcel_batch_decode_tokens_total",
+            "counter",
+            "Cumulative decode tokens generated",
+            decode_tokens,
+        ),
+        Family("mlxcel_batch_current_size", "gauge", "Current active batch size", busy),
+        Family("mlxcel_cache_pool_active", "gauge", "Active cache entries", busy),
+    ]
+    llama = [
+        Family(
+            "llamacpp:prompt_tokens_total",
+            "counter",
+            "Number of prompt tokens processed, excluding cached tokens",
+            prefill_tokens,
+        ),
+        Family(
+            "llamacpp:prompt_tokens_cached_total",
+            "counter",
+            "Number of prompt tokens reused from the cache",
+            cached_tokens,
+        ),
+        Family(
+            "llamacpp:prompt_seconds_total",
+            "counter",
+            "Total time spent processing prompts",
+            float(prompt_seconds),
+        ),
+        Family(
+            "llamacpp:tokens_predicted_total",
+            "counter",
+            "Number of generation tokens processed",
+            decode_tokens,
+        ),
+        Family(
+            "llamacpp:tokens_predicted_seconds_total",
+            "counter",
+            "Total time spent generating tokens",
+            float(decode_seconds),
+        ),
+        Family(
+            "llamacpp:n_decode_total",
+            "counter",
+            "Number of batched decode steps (one forward over every decoding slot)",
+            decode_steps,
+        ),
+        Family(
+            "llamacpp:n_tokens_max",
+            "counter",
+            "Largest observed sequence length (prompt + generation)",
+            engine_value("n_tokens_max"),
+        ),
+        Family(
+            "llamacpp:spec_decode_num_draft_tokens_total",
+            "counter",
+            "Speculative: total draft tokens generated",
+            0,
+        ),
+        Family(
+            "llamacpp:spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Speculative: total draft tokens accepted by the target model",
+            0,
+        ),
+        Family(
+            "llamacpp:n_busy_slots_per_decode",
+            "gauge",
+            "Average number of busy slots per decode step",
+            _rate(busy_per_decode, decode_steps) if busy_per_decode else float(busy),
+        ),
+        Family(
+            "llamacpp:prompt_tokens_seconds",
+            "gauge",
+            "Average prompt throughput in tokens/s",
+            _rate(prefill_tokens, prompt_seconds),
+        ),
+        Family(
+            "llamacpp:predicted_tokens_seconds",
+            "gauge",
+            "Average generation throughput in tokens/s",
+            _rate(decode_tokens, decode_seconds),
+        ),
+        Family(
+            "llamacpp:requests_processing",
+            "gauge",
+            "Number of requests processing",
+            busy,
+        ),
+        Family(
+            "llamacpp:requests_deferred",
+            "gauge",
+            "Number of requests deferred (waiting in the prefill queue)",
+            queued,
+        ),
+    ]
+    return ours + llama
+
+
+def metrics_text(state: ServerState) -> str:
+    """The full `/metrics` body."""
+    return render(collect(state))

@@ -1,0 +1,276 @@
+"""Observability routes: /props, /slots, /metrics and the prompt-cache endpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+
+from mlxcel import __version__
+from mlxcel.engine.defaults import sampling_from_settings
+from mlxcel.engine.text.prompt_cache import disabled_reset, disabled_stats
+from mlxcel.server.errors import APIError, bad_request, install_error_handlers, server_busy
+from mlxcel.server.health import supports_tools
+from mlxcel.server.llama_native.protocol import default_settings_flat, sampling_params_view
+from mlxcel.server.ops.metrics import CONTENT_TYPE, metrics_text
+from mlxcel.server.state import ServerState, get_state
+
+if TYPE_CHECKING:
+    from mlxcel.config import Settings
+    from mlxcel.engine.text.scheduler import SlotState
+
+router = APIRouter()
+
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_TASK_ID = re.compile(r"(\d+)$")
+
+
+def metrics_enabled(settings: Settings) -> bool:
+    """`/metrics` is served with `--metrics` or `--metrics-port`."""
+    return bool(settings.metrics) or settings.metrics_port is not None
+
+
+def _not_supported(message: str) -> APIError:
+    return APIError(501, message, "not_supported_error")
+
+
+def _engine(state: ServerState) -> Any:
+    if state.client is None:
+        raise server_busy("loading model")
+    return state.client.engine
+
+
+def _default_params(state: ServerState) -> tuple[Any, int]:
+    """(default SamplingParams, default n_predict) from the server settings."""
+    settings = state.settings
+    sampling = sampling_from_settings(settings, state.tokenizer)
+    return sampling, settings.n_predict
+
+
+# ----------------------------------------------------------------------------- /props
+
+
+def props_payload(state: ServerState) -> dict[str, Any]:
+    """GET /props in llama-server's shape (the model path is never reported)."""
+    engine = _engine(state)
+    settings = state.settings
+    sampling, n_predict = _default_params(state)
+    tokenizer = state.tokenizer
+    template = tokenizer.chat_template if tokenizer is not None else None
+    tools = supports_tools(template)
+    name = state.model_name
+    return {
+        "default_generation_settings": {
+            **default_settings_flat(sampling, n_predict),
+            "params": sampling_params_view(
+                sampling, n_predict=n_predict, ignore_eos=settings.ignore_eos
+            ),
+            "n_ctx": engine.context_per_slot,
+        },
+        "total_slots": engine.n_slots,
+        "model_alias": name,
+        "model_path": name,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": bool(settings.slots),
+        "endpoint_props": bool(settings.props),
+        "endpoint_metrics": metrics_enabled(settings),
+        "ui": False,
+        "ui_settings": {},
+        "chat_template": template or "",
+        "chat_template_caps": {
+            "supports_object_arguments": False,
+            "supports_parallel_tool_calls": tools,
+            "supports_preserve_reasoning": "preserve_thinking" in (template or ""),
+            "supports_reasoning_effort": False,
+            "supports_string_content": True,
+            "supports_system_role": True,
+            "supports_tool_calls": tools,
+            "supports_tools": tools,
+            "supports_typed_content": False,
+        },
+        "bos_token": (tokenizer.bos_token if tokenizer is not None else None) or "",
+        "eos_token": (tokenizer.eos_token if tokenizer is not None else None) or "",
+        "build_info": f"mlxcel-{__version__}",
+        "is_sleeping": False,
+        "cors_proxy_enabled": False,
+    }
+
+
+@router.get("/props")
+async def get_props(state: ServerState = Depends(get_state)) -> dict[str, Any]:
+    """Server properties and default generation settings."""
+    return props_payload(state)
+
+
+@router.post("/props")
+async def set_props(raw: Request, state: ServerState = Depends(get_state)) -> dict[str, Any]:
+    """Accepted only with `--props` (as llama-server, nothing is changeable yet)."""
+    if not state.settings.props:
+        raise _not_supported(
+            "This server does not support changing global properties. Start it with `--props`"
+        )
+    body = await raw.body()
+    if body.strip():
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            raise bad_request("request body is not valid JSON") from None
+        if not isinstance(parsed, dict):
+            raise bad_request("request body must be a JSON object")
+    return {"success": True}
+
+
+# ----------------------------------------------------------------------------- /slots
+
+
+def _task_id(request_id: str | None) -> int:
+    match = _TASK_ID.search(request_id or "")
+    return int(match.group(1)) if match else -1
+
+
+def _slot_entry(
+    slot: SlotState, *, model: str, n_ctx: int, params: dict[str, Any]
+) -> dict[str, Any]:
+    busy = slot.state != "idle"
+    return {
+        "id": slot.id,
+        "state": "decoding" if busy else "idle",
+        "model": model,
+        "context_size": n_ctx,
+        "is_processing": busy,
+        "n_ctx": n_ctx,
+        "speculative": False,
+        "id_task": _task_id(slot.request_id) if busy else -1,
+        "n_prompt_tokens": slot.n_prompt,
+        "n_prompt_tokens_processed": slot.n_prompt if slot.state == "decoding" else 0,
+        "n_prompt_tokens_cache": 0,
+        "params": params,
+        "next_token": [
+            {
+                "has_next_token": busy,
+                "has_new_line": False,
+                "n_remain": -1,
+                "n_decoded": slot.n_decoded,
+            }
+        ],
+    }
+
+
+def slots_payload(state: ServerState) -> list[dict[str, Any]]:
+    """GET /slots: one entry per slot (decoding or idle), then one per queued request."""
+    snap = _engine(state).snapshot()
+    sampling, n_predict = _default_params(state)
+    params = sampling_params_view(
+        sampling, n_predict=n_predict, ignore_eos=state.settings.ignore_eos
+    )
+    model, n_ctx = state.model_name, snap.context_per_slot
+    entries = [_slot_entry(s, model=model, n_ctx=n_ctx, params=params) for s in snap.slots]
+    for i, request_id in enumerate(snap.queued):
+        entries.append(
+            {
+                "id": len(snap.slots) + i,
+                "state": "queued",
+                "model": model,
+                "context_size": n_ctx,
+                "is_processing": False,
+                "n_ctx": n_ctx,
+                "speculative": False,
+                "id_task": _task_id(request_id),
+            }
+        )
+    return entries
+
+
+def _slots_enabled(state: ServerState) -> None:
+    if not state.settings.slots:
+        raise _not_supported("This server does not support slots endpoint. Start it with `--slots`")
+
+
+@router.get("/slots")
+async def get_slots(raw: Request, state: ServerState = Depends(get_state)) -> list[dict[str, Any]]:
+    """Per-slot state; `?fail_on_no_slot=1` answers 503 when every slot is busy."""
+    _slots_enabled(state)
+    entries = slots_payload(state)
+    fail = (raw.query_params.get("fail_on_no_slot") or "").strip().lower() in _TRUE_WORDS
+    if fail and not any(e["state"] == "idle" for e in entries):
+        raise server_busy("no slot available")
+    return entries
+
+
+@router.post("/slots/{id_slot}")
+async def slot_action(
+    id_slot: str, raw: Request, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """`?action=erase` (nothing is kept per slot: always 0 erased); save/restore: 501."""
+    _slots_enabled(state)
+    engine = _engine(state)
+    try:
+        slot = int(id_slot)
+    except ValueError:
+        raise bad_request("Invalid slot ID") from None
+    if not 0 <= slot < engine.n_slots:
+        raise bad_request("Invalid slot ID")
+    action = raw.query_params.get("action", "")
+    if action == "erase":
+        return {"id_slot": slot, "n_erased": 0}
+    if action in ("save", "restore"):
+        raise _not_supported("This server does not support saving or restoring slots")
+    raise bad_request("Invalid action")
+
+
+# --------------------------------------------------------------------------- /metrics
+
+
+def _metrics_response(state: ServerState) -> PlainTextResponse:
+    return PlainTextResponse(metrics_text(state), headers={"Content-Type": CONTENT_TYPE})
+
+
+@router.get("/metrics")
+async def metrics(state: ServerState = Depends(get_state)) -> PlainTextResponse:
+    """Prometheus metrics; without `--metrics`/`--metrics-port` the route does not exist."""
+    if not metrics_enabled(state.settings):
+        raise StarletteHTTPException(404)
+    return _metrics_response(state)
+
+
+def metrics_app(state: ServerState) -> FastAPI:
+    """The app served on `--metrics-port`: only GET /metrics (API keys still apply)."""
+    from mlxcel.server.middleware import ApiKeys, RequestGuard
+
+    app = FastAPI(title="mlxcel-metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.mlxcel = state
+    install_error_handlers(app)
+
+    @app.get("/metrics")
+    async def _metrics() -> PlainTextResponse:
+        return _metrics_response(state)
+
+    app.add_middleware(
+        RequestGuard,
+        api_keys=ApiKeys(state.settings.api_keys()),
+        public_paths=(),
+        max_body_size=state.settings.max_body_size,
+    )
+    return app
+
+
+# ---------------------------------------------------------------------- prompt cache
+
+
+@router.get("/v1/cache/stats")
+async def cache_stats(state: ServerState = Depends(get_state)) -> dict[str, Any]:
+    """Prompt-cache counters (a stable disabled payload when the cache is off)."""
+    cache = state.prompt_cache
+    return cache.stats() if cache is not None else disabled_stats()
+
+
+@router.post("/v1/cache/reset")
+async def cache_reset(state: ServerState = Depends(get_state)) -> dict[str, Any]:
+    """Drop every prompt-cache entry (idempotent)."""
+    cache = state.prompt_cache
+    return cache.reset() if cache is not None else disabled_reset()

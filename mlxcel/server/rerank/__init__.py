@@ -1,0 +1,1 @@
+"""Rerank routes: /v1/rerank, /v1/reranking, /rerank, /reranking (Jina/Cohere and TEI shapes)."""

@@ -1,0 +1,316 @@
+"""Run `mlxcel serve`: bind the HTTP port, load the model, serve until told to stop.
+
+The port opens first and answers `/health` with "loading model" (503) while the model
+loads on a background thread, as llama-server does; the other routes answer 503 until
+then. Slots: `--parallel` (-1: 4). Context per slot: `--ctx-size` split across the slots
+(llama-server's rule), or the model's own context when `--ctx-size` is 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from mlxcel.server.app import create_app
+from mlxcel.server.http11 import GuardedH11Protocol
+from mlxcel.server.middleware import MAX_HEADER_BYTES
+from mlxcel.server.ops.routes import metrics_app
+from mlxcel.server.state import ServerState
+
+if TYPE_CHECKING:
+    from mlxcel.config import Settings
+    from mlxcel.engine.loading.model import LoadedModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SLOTS = 4
+GRACEFUL_SHUTDOWN_SECONDS = 3
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LISTENING_PREFIX = "mlxcel: listening on "
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """How many slots the engine runs and the context each one gets."""
+
+    slots: int
+    context_per_slot: int
+
+
+def plan_slots(settings: Settings, model_context: int) -> SlotPlan:
+    """Slots from `parallel` (-1 -> 4); `ctx_size` split across them (0 -> model context)."""
+    slots = DEFAULT_SLOTS if settings.parallel < 0 else max(1, settings.parallel)
+    if settings.ctx_size > 0:
+        return SlotPlan(slots, max(1, settings.ctx_size // slots))
+    return SlotPlan(slots, model_context)
+
+
+def chat_template_text(settings: Settings) -> str | None:
+    """The chat template override: `--chat-template-file`'s text, else `--chat-template`.
+
+    `--chat-template` is Jinja text, or the name of a built-in template (only `chatml` is
+    built in); any other bare name is refused rather than rendered as literal text.
+    """
+    from mlxcel.config import SettingsError
+
+    if settings.chat_template_file:
+        path = Path(settings.chat_template_file).expanduser()
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SettingsError(
+                f"--chat-template-file: cannot read {path.name}: {exc.strerror or exc}"
+            ) from None
+    template = settings.chat_template
+    if not template:
+        return None
+    if "{{" in template or "{%" in template:
+        return template
+    if template.strip().lower() == "chatml":
+        from mlxcel.engine.chat.template import CHATML_TEMPLATE
+
+        return CHATML_TEMPLATE
+    raise SettingsError(
+        f"--chat-template: unknown built-in template {template.strip()!r} (built in: chatml); "
+        "pass Jinja text or use --chat-template-file"
+    )
+
+
+def check_ssl(settings: Settings) -> None:
+    """`--ssl-key-file` needs `--ssl-cert-file`, and both must be readable files."""
+    from mlxcel.config import SettingsError
+
+    key, cert = settings.ssl_key_file, settings.ssl_cert_file
+    if key and not cert:
+        raise SettingsError("--ssl-key-file needs --ssl-cert-file")
+    for label, value in (("--ssl-cert-file", cert), ("--ssl-key-file", key)):
+        if value and not Path(value).expanduser().is_file():
+            raise SettingsError(f"{label}: file not found: {value}")
+
+
+def load_into(state: ServerState) -> None:
+    """Load the model and start the engine; fill `state` (ready once `state.client` is set)."""
+    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.text.prompt_cache import PromptCache
+    from mlxcel.engine.text.scheduler import TextEngine
+    from mlxcel.server.bridge import EngineClient
+
+    settings = state.settings
+    loaded = load_model(
+        settings.model, store_dir=settings.model_store, chat_template=chat_template_text(settings)
+    )
+    plan = plan_slots(settings, loaded.info.context_length)
+    cache = PromptCache.from_settings(settings)
+    engine = TextEngine(
+        loaded,
+        slots=plan.slots,
+        context_per_slot=plan.context_per_slot,
+        prefill_chunk=settings.batch_size,
+        max_queue_depth=settings.max_queue_depth,
+        prompt_cache=cache,
+    ).start()
+    if settings.warmup:
+        _warm_up(engine, loaded)
+    state.tokenizer = loaded.tokenizer
+    state.model_info = loaded.info
+    state.prompt_cache = cache
+    state.client = EngineClient(engine)  # last: the server is ready from here on
+
+
+def _warm_up(engine: Any, loaded: LoadedModel) -> None:
+    """One token through the engine, so the first request does not pay for compilation."""
+    from mlxcel.engine.text.request import GenerationRequest
+    from mlxcel.engine.text.scheduler import EngineCounters
+
+    tokenizer = loaded.tokenizer
+    first = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 0
+    request = GenerationRequest(prompt_tokens=[first], max_tokens=1, cache_prompt=False)
+    for _ in engine.generate(request):
+        pass
+    engine.counters = EngineCounters()  # the warm-up is not traffic
+
+
+def _log_level(settings: Settings) -> str:
+    if settings.log_disable:
+        return "critical"
+    if settings.verbose:
+        return "debug"
+    return "info" if settings.log_verbosity > 3 else "warning"
+
+
+def uvicorn_config(app: Any, settings: Settings, *, port: int | None = None) -> uvicorn.Config:
+    """The uvicorn configuration for `app` (h11 with the header cap, SSL when given)."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port if port is None else port,
+        http=GuardedH11Protocol,
+        ws="none",
+        lifespan="off",
+        log_level=_log_level(settings),
+        access_log=settings.verbose,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        ssl_keyfile=settings.ssl_key_file,
+        ssl_certfile=settings.ssl_cert_file,
+        server_header=False,
+    )
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound socket for `host:port` (port 0: any free one); OSError when it cannot bind."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket, settings: Settings) -> str:
+    port = sock.getsockname()[1]
+    scheme = "https" if settings.ssl_cert_file else "http"
+    host = settings.host if ":" not in settings.host else f"[{settings.host}]"
+    return f"{scheme}://{host}:{port}"
+
+
+class _Server:
+    """The main uvicorn server plus, with `--metrics-port`, a metrics-only one."""
+
+    def __init__(self, state: ServerState, sockets: list[socket.socket]) -> None:
+        self.state = state
+        self.sockets = sockets
+        settings = state.settings
+        self.main = _MainServer(uvicorn_config(create_app(state), settings))
+        self.metrics: uvicorn.Server | None = None
+        if len(sockets) > 1:
+            config = uvicorn_config(metrics_app(state), settings, port=settings.metrics_port)
+            self.metrics = _QuietServer(config)
+        self.failure: str | None = None
+
+    def _load(self) -> None:
+        try:
+            load_into(self.state)
+        except Exception as exc:  # noqa: BLE001 - reported as one line, then the server stops
+            from mlxcel.server.openai_common import scrub_paths
+
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.failure = text if _is_user_error(exc) else scrub_paths(text)
+            self.main.should_exit = True
+            if self.metrics is not None:
+                self.metrics.should_exit = True
+            return
+        client = self.state.client
+        if client is not None:
+            engine = client.engine
+            print(
+                f"mlxcel: model {self.state.model_name} ready: {engine.n_slots} slots x "
+                f"{engine.context_per_slot} tokens",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    async def serve(self) -> None:
+        main = self.main
+        tasks = [asyncio.ensure_future(main.serve(sockets=self.sockets[:1]))]
+        if self.metrics is not None:
+            tasks.append(asyncio.ensure_future(self.metrics.serve(sockets=self.sockets[1:])))
+        while not main.started and not tasks[0].done():
+            await asyncio.sleep(0.02)
+        if main.started:
+            url = _url(self.sockets[0], self.state.settings)
+            print(LISTENING_PREFIX + url, file=sys.stderr, flush=True)
+            threading.Thread(target=self._load, name="mlxcel-load", daemon=True).start()
+        await asyncio.gather(tasks[0], return_exceptions=True)
+        if self.metrics is not None:
+            self.metrics.should_exit = True
+            await asyncio.gather(tasks[1], return_exceptions=True)
+
+
+class _MainServer(uvicorn.Server):
+    """uvicorn's server, ending with status 0 after SIGINT/SIGTERM (no re-raised signal)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class _QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to the main one."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    from mlxcel.config import SettingsError
+    from mlxcel.engine.errors import ModelLoadError
+
+    return isinstance(exc, (ModelLoadError, SettingsError))
+
+
+def _bind_all(settings: Settings) -> list[socket.socket]:
+    """The main socket and, with a distinct `--metrics-port`, the metrics one."""
+    ports = [settings.port]
+    if settings.metrics_port is not None and settings.metrics_port != settings.port:
+        ports.append(settings.metrics_port)
+    sockets: list[socket.socket] = []
+    for port in ports:
+        try:
+            sockets.append(listen_socket(settings.host, port))
+        except OSError as exc:
+            for sock in sockets:
+                sock.close()
+            reason = exc.strerror or str(exc)
+            raise OSError(f"cannot listen on {settings.host}:{port}: {reason}") from None
+    return sockets
+
+
+def run_server(settings: Settings) -> int:
+    """Serve until SIGINT/SIGTERM; the exit status (1: cannot listen, 2: cannot load)."""
+    check_ssl(settings)
+    chat_template_text(settings)  # fail on an unreadable template file before binding
+    try:
+        sockets = _bind_all(settings)
+    except OSError as exc:
+        print(f"mlxcel: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    state = ServerState(settings=settings)
+    server = _Server(state, sockets)
+    try:
+        asyncio.run(server.serve())
+    finally:
+        client = state.client
+        if client is not None:
+            client.engine.stop()
+    if server.failure is not None:
+        print(f"mlxcel: error: {server.failure}", file=sys.stderr, flush=True)
+        return 2
+    if not server.main.started:
+        return 1
+    return 0

@@ -1,0 +1,219 @@
+"""Request sampling fields shared by the generation routes, and their engine request.
+
+`SamplingFields` is the pydantic base of the OpenAI request bodies: every sampling knob of
+the spec (OpenAI names, with llama-server's spellings accepted as aliases), stop strings,
+token limits, `n`, `cache_prompt`, loop detection and logit bias. Fields may also sit in a
+nested `extra_body` object (clients that forward OpenAI SDK `extra_body` literally); the
+root value wins. `to_generation_request` turns one into a `GenerationRequest` with the
+server's defaults filled in.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+from mlxcel.engine.defaults import loop_params, sampling_from_settings
+from mlxcel.engine.text.request import GenerationRequest, Priority
+from mlxcel.server.errors import bad_request
+
+if TYPE_CHECKING:
+    from mlxcel.config import Settings
+    from mlxcel.engine.tokenizer import Tokenizer
+
+MAX_STOP_STRINGS = 64
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
+PRIORITY_HEADER = "x-priority"
+
+
+class SamplingFields(BaseModel):
+    """Sampling and stopping fields every generation request body accepts."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    max_tokens: int | None = Field(None, ge=-1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    p_less: bool | None = None
+    repetition_penalty: float | None = Field(
+        None, validation_alias=AliasChoices("repetition_penalty", "repeat_penalty")
+    )
+    repetition_context_size: int | None = Field(
+        None, validation_alias=AliasChoices("repetition_context_size", "repeat_last_n")
+    )
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[int | str] | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    cache_prompt: bool | None = None
+    ignore_eos: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    max_pattern_size: int | None = None
+    min_pattern_size: int | None = None
+    min_count: int | None = None
+    extra_body: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_extra_body(cls, data: Any) -> Any:
+        """Fields found in a nested `extra_body` object count unless the root sets them."""
+        if not isinstance(data, dict):
+            return data
+        nested = data.get("extra_body")
+        if not isinstance(nested, dict):
+            return data
+        known = set(SamplingFields.model_fields) - {"extra_body"}
+        for info in SamplingFields.model_fields.values():
+            if isinstance(info.validation_alias, AliasChoices):
+                known.update(str(choice) for choice in info.validation_alias.choices)
+        lifted = {k: v for k, v in nested.items() if k in known and k not in data}
+        return {**lifted, **data} if lifted else data
+
+    # ------------------------------------------------------------------ helpers
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """`stop` as a tuple of non-empty strings (a string or a list of them)."""
+        if self.stop is None:
+            return ()
+        items = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if len(items) > MAX_STOP_STRINGS:
+            raise bad_request(f"stop: at most {MAX_STOP_STRINGS} stop strings are allowed")
+        return tuple(dict.fromkeys(s for s in items if s))
+
+    def check_n(self) -> None:
+        """Only one choice per request is supported (`n` = 1)."""
+        if self.n is not None and self.n != 1:
+            raise bad_request(f"n: only n=1 is supported, not {self.n}")
+
+
+def parse_priority(value: str | None) -> Priority:
+    """The `X-Priority` header as a Priority (400 for anything but high|normal|low)."""
+    try:
+        return Priority.parse(value)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def resolve_cache_prompt(settings: Settings, requested: bool | None) -> bool:
+    """A request may turn the prompt cache off, never back on (`--no-cache-prompt` wins)."""
+    return bool(settings.cache_prompt) and requested is not False
+
+
+def _breaker_ids(tokenizer: Tokenizer, breakers: list[int | str]) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for item in breakers:
+        if isinstance(item, int):
+            ids.add(item)
+        else:
+            ids.update(tokenizer.encode(item, add_special=False))
+    return tuple(sorted(ids))
+
+
+def _logit_bias(tokenizer: Tokenizer, bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"logit_bias: at most {MAX_LOGIT_BIAS} entries are allowed")
+    out: list[tuple[int, float]] = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias: keys must be token ids, not {key!r}") from None
+        if not tokenizer.is_valid_id(token):
+            raise bad_request(f"logit_bias: token id {token} is out of vocabulary range")
+        # OpenAI's range is [-100, 100]; -100 bans the token outright.
+        out.append((token, float("-inf") if value <= -100 else min(float(value), 100.0)))
+    return tuple(out)
+
+
+def to_generation_request(
+    fields: SamplingFields,
+    *,
+    settings: Settings,
+    tokenizer: Tokenizer,
+    family: str | None,
+    prompt_tokens: list[int],
+    max_tokens: int | None,
+    priority: Priority,
+    logprobs: int | None = None,
+) -> GenerationRequest:
+    """Build the engine request: request fields over the server's defaults.
+
+    `max_tokens` is the request's limit (None or -1: the server's `--predict`, and when
+    that is -1 too, up to the slot's context; the engine bounds it by the context anyway).
+    Out-of-range values raise a 400 APIError.
+    """
+    fields.check_n()
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+    if max_tokens is None or max_tokens == -1:
+        max_tokens = None if settings.n_predict < 0 else settings.n_predict
+    overrides: dict[str, Any] = {
+        "temperature": fields.temperature,
+        "top_p": fields.top_p,
+        "top_k": fields.top_k,
+        "min_p": fields.min_p,
+        "p_less": fields.p_less,
+        "repetition_penalty": fields.repetition_penalty,
+        "repetition_context_size": fields.repetition_context_size,
+        "penalty_context_size": fields.repetition_context_size,
+        "frequency_penalty": fields.frequency_penalty,
+        "presence_penalty": fields.presence_penalty,
+        "dry_multiplier": fields.dry_multiplier,
+        "dry_base": fields.dry_base,
+        "dry_allowed_length": fields.dry_allowed_length,
+        "dry_penalty_last_n": fields.dry_penalty_last_n,
+        "xtc_probability": fields.xtc_probability,
+        "xtc_threshold": fields.xtc_threshold,
+        "seed": fields.seed if fields.seed is None or fields.seed >= 0 else None,
+    }
+    if fields.dry_sequence_breakers is not None:
+        overrides["dry_sequence_breakers"] = _breaker_ids(tokenizer, fields.dry_sequence_breakers)
+    if fields.logit_bias:
+        overrides["logit_bias"] = _logit_bias(tokenizer, fields.logit_bias)
+    try:
+        sampling = sampling_from_settings(settings, tokenizer, **overrides)
+        loop = loop_params(
+            settings,
+            family,
+            max_pattern_size=fields.max_pattern_size,
+            min_pattern_size=fields.min_pattern_size,
+            min_count=fields.min_count,
+        )
+    except (TypeError, ValueError) as exc:
+        raise bad_request(
+            str(exc).splitlines()[0] if str(exc) else "invalid sampling value"
+        ) from None
+    ignore_eos = settings.ignore_eos if fields.ignore_eos is None else fields.ignore_eos
+    return GenerationRequest(
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        stop=fields.stop_strings(),
+        loop=loop,
+        ignore_eos=bool(ignore_eos),
+        cache_prompt=resolve_cache_prompt(settings, fields.cache_prompt),
+        priority=priority,
+        logprobs=logprobs,
+    )
+
+
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "PRIORITY_HEADER",
+    "SamplingFields",
+    "parse_priority",
+    "resolve_cache_prompt",
+    "to_generation_request",
+]
