@@ -12,6 +12,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def settings_markdown() -> str:
+    """Every setting: its profile table and key, env var, flag and default."""
+    from mlxcel.config import all_field_meta, cli_label
+
+    lines = [
+        "# Settings reference",
+        "",
+        "Generated from `mlxcel/config/settings.py` by `scripts/gen_docs.py`; do not edit by hand.",
+        "",
+        "Precedence: built-in default < TOML profile < environment < command-line flag.",
+        "",
+        "| Profile key | Env var | Flag | Default | Meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for name, meta in all_field_meta().items():
+        default = "" if meta.default is None else repr(meta.default)
+        flag = cli_label(name) or ""
+        lines.append(
+            f"| `[{meta.group}] {name}` | `{meta.env}` | `{flag}` | `{default}` | {meta.help} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def generated() -> dict[Path, str]:
     """Every generated file and its content."""
     from mlxcel.completion import SCRIPTS
@@ -19,6 +42,7 @@ def generated() -> dict[Path, str]:
 
     files = {ROOT / "completions" / name: render() for name, render in SCRIPTS.items()}
     files[ROOT / "docs" / "llama-server-flags.md"] = render_flags_markdown()
+    files[ROOT / "docs" / "settings-reference.md"] = settings_markdown()
     return files
 
 
