@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
@@ -56,8 +55,5 @@ def serve(ctx: typer.Context) -> None:
         fail(str(exc))
     except KeyboardInterrupt:
         code = 130
-    # The engine thread is stopped; skip interpreter teardown, where MLX's native threads
-    # can abort the process ("terminate called without an active exception").
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    if code:
+        raise typer.Exit(code)

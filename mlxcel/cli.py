@@ -6,13 +6,10 @@ completion load nothing heavy; each subcommand imports the engine when it runs.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import typer
 
 from mlxcel import __version__
-from mlxcel.commands import cache, generate, serve, tokenize
+from mlxcel.commands import cache, embed, generate, rerank, serve, tokenize
 
 app = typer.Typer(
     name="mlxcel",
@@ -41,22 +38,12 @@ def _root(
 
 app.command("generate", help=generate.__doc__)(generate.generate)
 app.command("tokenize", help=tokenize.__doc__)(tokenize.tokenize)
+app.command("embed", help=embed.__doc__)(embed.embed)
+app.command("rerank", help=rerank.__doc__)(rerank.rerank)
 app.add_typer(cache.app, name="cache")
 app.command("serve", help=serve.__doc__, context_settings=serve.CONTEXT_SETTINGS)(serve.serve)
 
 
 def main() -> None:
     """Console-script entry point."""
-    try:
-        app()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    if "mlx.core" in sys.modules:
-        # MLX (0.32) can abort in its C++ teardown when a worker thread ran MLX work
-        # ("terminate called without an active exception"). Everything is flushed and
-        # closed by now, so leave without running the native destructors.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    app()

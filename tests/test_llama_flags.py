@@ -186,6 +186,12 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "max_queue_depth": ("8", 8),
     "max_body_size": ("1000", 1000),
     "cache_ttl_secs": ("60", 60),
+    "embedding_model": ("minilm", "minilm"),
+    "reranker_model": ("reranker", "reranker"),
+    "embedding_batch_size": ("8", 8),
+    "embedding_queue_depth": ("16", 16),
+    "embedding_timeout": ("30", 30.0),
+    "embedding_max_inputs": ("100", 100),
 }
 
 

@@ -707,6 +707,18 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
         sup("max_body_size")),
     (_MLXCEL, "--cache-ttl-secs N", "", "",
         sup("cache_ttl_secs")),
+    (_MLXCEL, "--embedding-model MODEL", "", "",
+        sup("embedding_model")),
+    (_MLXCEL, "--reranker-model MODEL", "", "",
+        sup("reranker_model")),
+    (_MLXCEL, "--embedding-batch-size N", "", "",
+        sup("embedding_batch_size")),
+    (_MLXCEL, "--embedding-queue-depth N", "", "",
+        sup("embedding_queue_depth")),
+    (_MLXCEL, "--embedding-timeout SECONDS", "", "",
+        sup("embedding_timeout")),
+    (_MLXCEL, "--embedding-max-inputs N", "", "",
+        sup("embedding_max_inputs")),
 )
 # fmt: on
 

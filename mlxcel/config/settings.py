@@ -82,6 +82,18 @@ class Settings(BaseModel):
     )
     embedding: bool = _f(False, "Serve embeddings only", env="LLAMA_ARG_EMBEDDINGS", group="model")
     reranking: bool = _f(False, "Serve reranking", env="LLAMA_ARG_RERANKING", group="model")
+    embedding_model: str | None = _f(
+        None,
+        "Embedding model loaded as a side worker next to the chat model",
+        env="MLXCEL_EMBEDDING_MODEL",
+        group="model",
+    )
+    reranker_model: str | None = _f(
+        None,
+        "Reranker model loaded as a side worker next to the chat model",
+        env="MLXCEL_RERANKER_MODEL",
+        group="model",
+    )
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = _f(
         None, "Embedding pooling; default: the model's", env="LLAMA_ARG_POOLING", group="model"
     )
@@ -297,6 +309,30 @@ class Settings(BaseModel):
     )
     max_queue_depth: int = _f(
         64, "Waiting requests before 503", env="MLXCEL_MAX_QUEUE_DEPTH", group="server", ge=0
+    )
+    embedding_batch_size: int = _f(
+        32, "Inputs per embedding batch", env="MLXCEL_EMBEDDING_BATCH_SIZE", group="server", ge=1
+    )
+    embedding_queue_depth: int = _f(
+        64,
+        "Waiting embedding/rerank requests before 503",
+        env="MLXCEL_EMBEDDING_QUEUE_DEPTH",
+        group="server",
+        ge=1,
+    )
+    embedding_timeout: float = _f(
+        600.0,
+        "Seconds an embedding/rerank request may take before 504 (0 = none)",
+        env="MLXCEL_EMBEDDING_TIMEOUT",
+        group="server",
+        ge=0,
+    )
+    embedding_max_inputs: int = _f(
+        2048,
+        "Most inputs in one embedding/rerank request",
+        env="MLXCEL_EMBEDDING_MAX_INPUTS",
+        group="server",
+        ge=1,
     )
     max_body_size: int = _f(
         8 * 1024 * 1024,

@@ -29,12 +29,14 @@ def _split(value: str) -> list[str]:
 
 
 def _routers() -> list[APIRouter]:
+    from mlxcel.server.embeddings.routes import router as embeddings_router
     from mlxcel.server.health import router as health_router
     from mlxcel.server.llama_native.routes import router as native_router
     from mlxcel.server.models_route import router as models_router
     from mlxcel.server.openai_chat.routes import router as chat_router
     from mlxcel.server.openai_completions.routes import router as completions_router
     from mlxcel.server.ops.routes import router as ops_router
+    from mlxcel.server.rerank.routes import router as rerank_router
 
     return [
         health_router,
@@ -43,6 +45,8 @@ def _routers() -> list[APIRouter]:
         completions_router,
         native_router,
         ops_router,
+        embeddings_router,
+        rerank_router,
     ]
 
 

@@ -22,8 +22,10 @@ def supports_tools(chat_template: str | None) -> bool:
 
 def health_payload(state: ServerState) -> tuple[int, dict[str, Any]]:
     """(HTTP status, body) of the health check, as the spec shows them."""
-    if state.loading or state.client is None:
+    if state.loading:
         return 503, {"status": "loading model", "tool_call_parser": None}
+    if state.client is None:  # an embeddings-only server: no text engine, no slots
+        return 200, {"status": "ok", "model": state.model_name, "tool_call_parser": None}
     engine = state.client.engine
     snap = engine.snapshot()
     active = sum(1 for slot in snap.slots if slot.state != "idle")

@@ -105,8 +105,18 @@ def load_into(state: ServerState) -> None:
     from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.text.scheduler import TextEngine
     from mlxcel.server.bridge import EngineClient
+    from mlxcel.server.embeddings.services import (
+        EmbeddingServices,
+        build_services,
+        text_engine_wanted,
+    )
 
     settings = state.settings
+    state.embeddings = EmbeddingServices(loading=True)
+    if not text_engine_wanted(settings):
+        state.text_engine = False
+        state.embeddings = build_services(settings)
+        return
     loaded = load_model(
         settings.model, store_dir=settings.model_store, chat_template=chat_template_text(settings)
     )
@@ -125,6 +135,7 @@ def load_into(state: ServerState) -> None:
     state.tokenizer = loaded.tokenizer
     state.model_info = loaded.info
     state.prompt_cache = cache
+    state.embeddings = build_services(settings)
     state.client = EngineClient(engine)  # last: the server is ready from here on
 
 
@@ -308,6 +319,8 @@ def run_server(settings: Settings) -> int:
         client = state.client
         if client is not None:
             client.engine.stop()
+        if state.embeddings is not None:
+            state.embeddings.stop()
     if server.failure is not None:
         print(f"mlxcel: error: {server.failure}", file=sys.stderr, flush=True)
         return 2

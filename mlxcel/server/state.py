@@ -39,9 +39,13 @@ class ServerState:
     prompt_cache: Any = None  # mlxcel.engine.text.prompt_cache.PromptCache | None
     counters: RequestCounters = field(default_factory=RequestCounters)
     started: float = field(default_factory=time.time)
+    embeddings: Any = None  # mlxcel.server.embeddings.services.EmbeddingServices | None
+    text_engine: bool = True  # False on an embeddings-only server (`--embedding`)
 
     @property
     def loading(self) -> bool:
+        if not self.text_engine:
+            return self.embeddings is None or bool(self.embeddings.loading)
         return self.client is None
 
     @property

