@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
 from mlxcel import __version__
+from mlxcel.engine.blas import blas_in_use
 from mlxcel.engine.defaults import sampling_from_settings
 from mlxcel.engine.text.prompt_cache import disabled_reset, disabled_stats
 from mlxcel.server.errors import APIError, bad_request, install_error_handlers, server_busy
@@ -73,6 +74,7 @@ def props_payload(state: ServerState) -> dict[str, Any]:
             "n_ctx": engine.context_per_slot,
         },
         "total_slots": engine.n_slots,
+        "blas": blas_in_use(),
         "model_alias": name,
         "model_path": name,
         "modalities": {"vision": False, "video": False, "audio": False},
