@@ -5,7 +5,9 @@ complete -c mlxcel -n '__fish_use_subcommand' -a embed
 complete -c mlxcel -n '__fish_use_subcommand' -a generate
 complete -c mlxcel -n '__fish_use_subcommand' -a rerank
 complete -c mlxcel -n '__fish_use_subcommand' -a serve
+complete -c mlxcel -n '__fish_use_subcommand' -a speak
 complete -c mlxcel -n '__fish_use_subcommand' -a tokenize
+complete -c mlxcel -n '__fish_use_subcommand' -a transcribe
 complete -c mlxcel -n '__fish_use_subcommand' -l install-completion
 complete -c mlxcel -n '__fish_use_subcommand' -l show-completion
 complete -c mlxcel -n '__fish_use_subcommand' -l version
@@ -97,6 +99,9 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l alias
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l api-key
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l api-key-file
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l api-prefix
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l audio-model
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l audio-queue-depth
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l audio-timeout
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l backend-sampling
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l batch-size
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cache-idle-slots
@@ -440,6 +445,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l top-k
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l top-n-sigma
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l top-nsigma
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l top-p
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l tts-model
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l typical
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l typical-p
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ubatch-size
@@ -549,6 +555,17 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -o to
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -o ts
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -o ub
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -s v
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -l list-voices
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -l model
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -l output
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -l phonemes
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -l quiet
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -l speed
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -l voice
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -s m
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -s o
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -s q
+complete -c mlxcel -n '__fish_seen_subcommand_from speak' -s v
 complete -c mlxcel -n '__fish_seen_subcommand_from tokenize' -l add-special
 complete -c mlxcel -n '__fish_seen_subcommand_from tokenize' -l count
 complete -c mlxcel -n '__fish_seen_subcommand_from tokenize' -l decode
@@ -558,3 +575,16 @@ complete -c mlxcel -n '__fish_seen_subcommand_from tokenize' -l pieces
 complete -c mlxcel -n '__fish_seen_subcommand_from tokenize' -l profile
 complete -c mlxcel -n '__fish_seen_subcommand_from tokenize' -s P
 complete -c mlxcel -n '__fish_seen_subcommand_from tokenize' -s m
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -l format
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -l language
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -l model
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -l output
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -l prompt
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -l quiet
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -l task
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -l word-timestamps
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -s f
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -s l
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -s m
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -s o
+complete -c mlxcel -n '__fish_seen_subcommand_from transcribe' -s q

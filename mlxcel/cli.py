@@ -9,7 +9,16 @@ from __future__ import annotations
 import typer
 
 from mlxcel import __version__
-from mlxcel.commands import cache, embed, generate, rerank, serve, tokenize
+from mlxcel.commands import (
+    cache,
+    embed,
+    generate,
+    rerank,
+    serve,
+    speak,
+    tokenize,
+    transcribe,
+)
 
 app = typer.Typer(
     name="mlxcel",
@@ -40,6 +49,8 @@ app.command("generate", help=generate.__doc__)(generate.generate)
 app.command("tokenize", help=tokenize.__doc__)(tokenize.tokenize)
 app.command("embed", help=embed.__doc__)(embed.embed)
 app.command("rerank", help=rerank.__doc__)(rerank.rerank)
+app.command("transcribe", help=transcribe.__doc__)(transcribe.transcribe)
+app.command("speak", help=speak.__doc__)(speak.speak)
 app.add_typer(cache.app, name="cache")
 app.command("serve", help=serve.__doc__, context_settings=serve.CONTEXT_SETTINGS)(serve.serve)
 

@@ -192,6 +192,10 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "embedding_queue_depth": ("16", 16),
     "embedding_timeout": ("30", 30.0),
     "embedding_max_inputs": ("100", 100),
+    "audio_model": ("tiny.en", "tiny.en"),
+    "tts_model": ("kokoro", "kokoro"),
+    "audio_queue_depth": ("4", 4),
+    "audio_timeout": ("30", 30.0),
 }
 
 

@@ -719,6 +719,14 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
         sup("embedding_timeout")),
     (_MLXCEL, "--embedding-max-inputs N", "", "",
         sup("embedding_max_inputs")),
+    (_MLXCEL, "--audio-model MODEL", "", "",
+        sup("audio_model")),
+    (_MLXCEL, "--tts-model DIR", "", "",
+        sup("tts_model")),
+    (_MLXCEL, "--audio-queue-depth N", "", "",
+        sup("audio_queue_depth")),
+    (_MLXCEL, "--audio-timeout SECONDS", "", "",
+        sup("audio_timeout")),
 )
 # fmt: on
 

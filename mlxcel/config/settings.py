@@ -94,6 +94,15 @@ class Settings(BaseModel):
         env="MLXCEL_RERANKER_MODEL",
         group="model",
     )
+    audio_model: str | None = _f(
+        None,
+        "Whisper model for /v1/audio/transcriptions (tiny.en: the shipped one)",
+        env="MLXCEL_AUDIO_MODEL",
+        group="model",
+    )
+    tts_model: str | None = _f(
+        None, "Kokoro model dir for /v1/audio/speech", env="MLXCEL_TTS_MODEL", group="model"
+    )
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = _f(
         None, "Embedding pooling; default: the model's", env="LLAMA_ARG_POOLING", group="model"
     )
@@ -309,6 +318,16 @@ class Settings(BaseModel):
     )
     max_queue_depth: int = _f(
         64, "Waiting requests before 503", env="MLXCEL_MAX_QUEUE_DEPTH", group="server", ge=0
+    )
+    audio_queue_depth: int = _f(
+        8, "Audio requests waiting before 503", env="MLXCEL_AUDIO_QUEUE_DEPTH", group="server", ge=1
+    )
+    audio_timeout: float = _f(
+        600.0,
+        "Seconds an audio request may take before 504 (0 = none)",
+        env="MLXCEL_AUDIO_TIMEOUT",
+        group="server",
+        ge=0,
     )
     embedding_batch_size: int = _f(
         32, "Inputs per embedding batch", env="MLXCEL_EMBEDDING_BATCH_SIZE", group="server", ge=1

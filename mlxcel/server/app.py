@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
+from mlxcel.server.audio.protocol import MAX_BODY_BYTES
+from mlxcel.server.audio.routes import UPLOAD_PATHS
 from mlxcel.server.errors import install_error_handlers
 from mlxcel.server.middleware import MAX_HEADER_BYTES, ApiKeys, RequestGuard
 
@@ -29,6 +32,7 @@ def _split(value: str) -> list[str]:
 
 
 def _routers() -> list[APIRouter]:
+    from mlxcel.server.audio import router as audio_router
     from mlxcel.server.embeddings.routes import router as embeddings_router
     from mlxcel.server.health import router as health_router
     from mlxcel.server.llama_native.routes import router as native_router
@@ -47,6 +51,7 @@ def _routers() -> list[APIRouter]:
         ops_router,
         embeddings_router,
         rerank_router,
+        audio_router,
     ]
 
 
@@ -85,6 +90,15 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
     app.state.mlxcel = state
     install_error_handlers(app)
     prefix = normalize_prefix(settings.api_prefix)
+    if settings.model is None and (settings.audio_model or settings.tts_model):
+        # Audio-only: chat and completion routes answer 501, naming what is served.
+        # Included first so they win route matching.
+        from mlxcel.server.audio import audio_only_router
+
+        served = SimpleNamespace(
+            has_stt=bool(settings.audio_model), has_tts=bool(settings.tts_model)
+        )
+        app.include_router(audio_only_router(served), prefix=prefix)  # type: ignore[arg-type]
     for router in _routers():
         app.include_router(router, prefix=prefix)
     # Middleware added last runs first: CORS (answers preflights), then the guard.
@@ -93,6 +107,8 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
         api_keys=ApiKeys(settings.api_keys()),
         public_paths=public_paths(prefix),
         max_body_size=settings.max_body_size,
+        upload_paths=frozenset(f"{prefix}{path}" for path in UPLOAD_PATHS),
+        upload_max_body_size=max(settings.max_body_size, MAX_BODY_BYTES),
         is_loading=lambda: state.loading,
         max_header_bytes=max_header_bytes,
     )

@@ -77,12 +77,16 @@ class RequestGuard:
         public_paths: Iterable[str],
         max_body_size: int,
         is_loading: Callable[[], bool] = lambda: False,
+        upload_paths: frozenset[str] = frozenset(),
+        upload_max_body_size: int = 0,
         max_header_bytes: int = MAX_HEADER_BYTES,
     ) -> None:
         self.app = app
         self.api_keys = api_keys
         self.public_paths = frozenset(public_paths)
         self.max_body_size = max_body_size
+        self.upload_paths = upload_paths
+        self.upload_max_body_size = upload_max_body_size
         self.is_loading = is_loading
         self.max_header_bytes = max_header_bytes
 
@@ -122,6 +126,8 @@ class RequestGuard:
         self, scope: Scope, receive: Receive, send: Send, content_length: str | None
     ) -> None:
         limit = self.max_body_size
+        if scope["path"] in self.upload_paths:  # audio uploads may be up to 25 MiB
+            limit = max(limit, self.upload_max_body_size)
         too_large = _error(
             413, f"request body too large: the limit is {limit} bytes", "invalid_request_error"
         )

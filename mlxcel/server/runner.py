@@ -99,6 +99,16 @@ def check_ssl(settings: Settings) -> None:
             raise SettingsError(f"{label}: file not found: {value}")
 
 
+def audio_wanted(settings: Settings) -> bool:
+    """Whether `--audio-model` or `--tts-model` asks for an audio worker."""
+    return bool(settings.audio_model or settings.tts_model)
+
+
+def audio_only(settings: Settings) -> bool:
+    """An audio model and no chat model: chat and completion routes answer 501."""
+    return audio_wanted(settings) and not settings.model and not settings.embedding
+
+
 def load_into(state: ServerState) -> None:
     """Load the model and start the engine; fill `state` (ready once `state.client` is set)."""
     from mlxcel.engine.loading import load_model
@@ -112,6 +122,19 @@ def load_into(state: ServerState) -> None:
     )
 
     settings = state.settings
+    if audio_wanted(settings):
+        from mlxcel.engine.workers.audio import AudioWorker
+
+        state.audio = AudioWorker(
+            stt_model=settings.audio_model,
+            tts_model=settings.tts_model,
+            store_dir=settings.model_store,
+            queue_depth=settings.audio_queue_depth,
+            timeout=settings.audio_timeout,
+        ).start()
+        if audio_only(settings):
+            state.text_engine = False
+            return
     state.embeddings = EmbeddingServices(loading=True)
     if not text_engine_wanted(settings):
         state.text_engine = False
@@ -321,6 +344,8 @@ def run_server(settings: Settings) -> int:
             client.engine.stop()
         if state.embeddings is not None:
             state.embeddings.stop()
+        if state.audio is not None:
+            state.audio.stop()
     if server.failure is not None:
         print(f"mlxcel: error: {server.failure}", file=sys.stderr, flush=True)
         return 2

@@ -40,12 +40,15 @@ class ServerState:
     counters: RequestCounters = field(default_factory=RequestCounters)
     started: float = field(default_factory=time.time)
     embeddings: Any = None  # mlxcel.server.embeddings.services.EmbeddingServices | None
-    text_engine: bool = True  # False on an embeddings-only server (`--embedding`)
+    audio: Any = None  # mlxcel.engine.workers.audio.AudioWorker | None
+    text_engine: bool = True  # False on embeddings-only and audio-only servers
 
     @property
     def loading(self) -> bool:
+        if self.audio is not None and not self.audio.ready:
+            return True
         if not self.text_engine:
-            return self.embeddings is None or bool(self.embeddings.loading)
+            return self.embeddings is not None and bool(self.embeddings.loading)
         return self.client is None
 
     @property

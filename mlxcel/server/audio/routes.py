@@ -11,6 +11,7 @@ runs audio models only.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -37,6 +38,14 @@ if TYPE_CHECKING:
     from mlxcel.engine.workers.audio import AudioWorker
 
 router = APIRouter()
+
+UPLOAD_PATHS = (
+    "/v1/audio/transcriptions",
+    "/audio/transcriptions",
+    "/v1/audio/translations",
+    "/audio/translations",
+)
+"""Routes that take audio uploads: the app's body cap must allow `MAX_BODY_BYTES` on them."""
 
 CHAT_AND_COMPLETION_ROUTES = (
     "/v1/chat/completions",
@@ -79,6 +88,12 @@ async def _read_form(request: Request) -> Any:
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise bad_request("expected a multipart/form-data body with an audio `file` field")
+    if importlib.util.find_spec("python_multipart") is None:
+        raise APIError(
+            501,
+            "audio uploads need the python-multipart package on the server",
+            "not_supported_error",
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise _too_large("the request body")

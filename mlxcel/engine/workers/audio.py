@@ -1,0 +1,307 @@
+"""The audio worker: one thread that owns the Whisper and Kokoro models, one job at a time.
+
+Jobs wait in a bounded queue (`queue_depth`; a full queue raises QueueFullError at once, which
+the server answers with 503). Each job has a deadline (`timeout`): past it the caller gets
+WorkerTimeoutError (504) and the job is dropped if it has not started, or stopped at its next
+window (transcription) or chunk (speech) if it has. Results come back through
+`concurrent.futures.Future`, so async handlers await them without touching MLX; the thread has
+its own MLX stream and never blocks the text engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from mlxcel.engine.errors import EngineError, ModelLoadError, QueueFullError
+from mlxcel.engine.workers.errors import WorkerStoppedError, WorkerTimeoutError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mlxcel.engine.audio.transcribe import Transcription, TranscriptionOptions
+    from mlxcel.engine.audio.tts import KokoroModel, Speech
+    from mlxcel.engine.audio.whisper import WhisperModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_AUDIO_QUEUE_DEPTH = 8
+DEFAULT_AUDIO_TIMEOUT = 600.0
+
+T = TypeVar("T")
+
+_LIVE: weakref.WeakSet[AudioWorker] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_workers() -> None:
+    for worker in list(_LIVE):
+        worker.stop(timeout=10.0)
+
+
+class AudioUnavailableError(EngineError):
+    """The worker has no model for this kind of request (maps to HTTP 501)."""
+
+
+@dataclass
+class AudioModels:
+    """The models a worker owns; None where that use is off."""
+
+    stt: WhisperModel | None = None
+    tts: KokoroModel | None = None
+
+
+@dataclass
+class AudioWorkerStats:
+    """Counters the worker keeps (for /metrics and logs)."""
+
+    jobs: int = 0
+    failures: int = 0
+    timeouts: int = 0
+    busy_seconds: float = 0.0
+
+
+@dataclass
+class _Job:
+    run: Callable[[AudioModels, Callable[[], bool]], Any]
+    deadline: float | None
+    future: Future[Any] = field(default_factory=Future)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def should_stop(self) -> bool:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.stop.set()
+        return self.stop.is_set()
+
+
+class AudioWorker:
+    """A daemon thread serving transcription and speech jobs from a bounded queue.
+
+    `stt_model` / `tts_model` are model references (`load_whisper` / `load_kokoro`); None
+    leaves that use off. `loader` replaces the loading (tests pass ready models).
+    """
+
+    def __init__(
+        self,
+        *,
+        stt_model: str | None = None,
+        tts_model: str | None = None,
+        store_dir: str | None = None,
+        queue_depth: int = DEFAULT_AUDIO_QUEUE_DEPTH,
+        timeout: float | None = DEFAULT_AUDIO_TIMEOUT,
+        loader: Callable[[], AudioModels] | None = None,
+        name: str = "mlxcel-audio",
+    ) -> None:
+        if queue_depth < 1:
+            raise ValueError("audio queue depth must be at least 1")
+        self.name = name
+        self.stt_model = stt_model
+        self.tts_model = tts_model
+        self.store_dir = store_dir
+        self.queue_depth = queue_depth
+        self.timeout = timeout if timeout and timeout > 0 else None
+        self.stats = AudioWorkerStats()
+        self.models = AudioModels()
+        self._loader = loader or self._load
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_depth)
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def ready(self) -> bool:
+        """True once the models are loaded and the thread serves jobs."""
+        return self._loaded.is_set() and self._load_error is None and self.running
+
+    @property
+    def pending(self) -> int:
+        """Jobs waiting in the queue (not counting the one running)."""
+        return self._queue.qsize()
+
+    def start(self, *, wait: bool = True) -> AudioWorker:
+        """Start the thread, which loads the models first; with `wait`, block until they are
+        loaded and raise ModelLoadError if that failed."""
+        if not self.running:
+            self._stopping.clear()
+            self._loaded.clear()
+            self._load_error = None
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+            _LIVE.add(self)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the models are loaded; re-raise the load error if there was one."""
+        self._loaded.wait(timeout)
+        if self._load_error is not None:
+            error = self._load_error
+            if isinstance(error, ModelLoadError):
+                raise error
+            raise ModelLoadError(f"audio model: {error}") from error
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop after the current job; jobs still queued fail with WorkerStoppedError."""
+        self._stopping.set()
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._drain(WorkerStoppedError(f"{self.name} stopped"))
+        _LIVE.discard(self)
+
+    # --- what the routes ask ---------------------------------------------------------
+
+    @property
+    def has_stt(self) -> bool:
+        return self.models.stt is not None
+
+    @property
+    def has_tts(self) -> bool:
+        return self.models.tts is not None
+
+    def submit(self, run: Callable[[AudioModels, Callable[[], bool]], T]) -> Future[T]:
+        """Queue `run(models, should_stop)`; QueueFullError at once when the queue is full."""
+        return self._submit(run).future
+
+    def _submit(self, run: Callable[[AudioModels, Callable[[], bool]], Any]) -> _Job:
+        if self._stopping.is_set() or not self.running:
+            raise WorkerStoppedError(f"{self.name} is not running")
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        job = _Job(run=run, deadline=deadline)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFullError(
+                f"{self.name}: {self.queue_depth} audio requests already waiting"
+            ) from None
+        return job
+
+    async def run(self, run: Callable[[AudioModels, Callable[[], bool]], T]) -> T:
+        """Submit and await `run`; WorkerTimeoutError past the worker's timeout. A job that
+        times out, or whose caller is cancelled, stops at its next window or chunk."""
+        job = self._submit(run)
+        waiter = asyncio.wrap_future(job.future)
+        try:
+            if self.timeout is None:
+                return await waiter
+            return await asyncio.wait_for(waiter, self.timeout)
+        except asyncio.TimeoutError:
+            job.stop.set()
+            job.future.cancel()
+            self.stats.timeouts += 1
+            raise WorkerTimeoutError(
+                f"the audio request timed out after {self.timeout:g} s"
+            ) from None
+        except asyncio.CancelledError:
+            job.stop.set()  # the client went away
+            job.future.cancel()
+            raise
+
+    async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions) -> Transcription:
+        """Transcribe 16 kHz mono samples on the worker."""
+        from mlxcel.engine.audio.transcribe import transcribe
+
+        def job(models: AudioModels, stop: Callable[[], bool]) -> Transcription:
+            if models.stt is None:
+                raise AudioUnavailableError("no speech-to-text model loaded")
+            return transcribe(models.stt, audio, options, should_stop=stop)
+
+        return await self.run(job)
+
+    async def speak(
+        self, text: str, *, voice: str | None = None, speed: float = 1.0, phonemes: bool = False
+    ) -> Speech:
+        """Synthesize speech on the worker."""
+        from mlxcel.engine.audio.tts import synthesize
+
+        def job(models: AudioModels, stop: Callable[[], bool]) -> Speech:
+            if models.tts is None:
+                raise AudioUnavailableError("no text-to-speech model loaded")
+            return synthesize(
+                models.tts, text, voice=voice, speed=speed, phonemes=phonemes, should_stop=stop
+            )
+
+        return await self.run(job)
+
+    # --- the thread ------------------------------------------------------------------
+
+    def _load(self) -> AudioModels:
+        models = AudioModels()
+        if self.stt_model:
+            from mlxcel.engine.audio.whisper import load_whisper
+
+            models.stt = load_whisper(self.stt_model, store_dir=self.store_dir)
+        if self.tts_model:
+            from mlxcel.engine.audio.tts import load_kokoro
+
+            models.tts = load_kokoro(self.tts_model)
+        return models
+
+    def _run(self) -> None:
+        import mlx.core as mx
+
+        try:
+            try:
+                self.models = self._loader()
+            except BaseException as exc:  # reported by wait_ready
+                self._load_error = exc
+                log.error("%s: cannot load the audio models: %s", self.name, exc)
+                return
+            finally:
+                self._loaded.set()
+            while not self._stopping.is_set():
+                job = self._queue.get()
+                if job is None:
+                    break
+                self._serve(job)
+        finally:
+            mx.clear_streams()  # MLX streams are per thread; free them before it ends
+
+    def _serve(self, job: _Job) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            return  # timed out or abandoned while queued
+        if job.should_stop():
+            self.stats.timeouts += 1
+            job.future.set_exception(WorkerTimeoutError("the audio request timed out in the queue"))
+            return
+        started = time.perf_counter()
+        try:
+            result = job.run(self.models, job.should_stop)
+        except Exception as exc:
+            self.stats.failures += 1
+            if not isinstance(exc, EngineError):
+                log.exception("%s: job failed", self.name)
+            job.future.set_exception(exc)
+        else:
+            self.stats.jobs += 1
+            job.future.set_result(result)
+        finally:
+            self.stats.busy_seconds += time.perf_counter() - started
+
+    def _drain(self, error: Exception) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and job.future.set_running_or_notify_cancel():
+                job.future.set_exception(error)
