@@ -1,0 +1,638 @@
+"""Load a GGUF file (llama, qwen2, qwen3) as an mlx-lm model plus its tokenizer.
+
+Files holding only F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors are read with `mx.load`, which gives the
+Q4/Q8 ones as exact MLX quantized triplets (group size 32). Files with other types (K-quants,
+Q5_x, IQ*, ...) are read tensor by tensor instead -- `mx.load` refuses some of those, decodes
+Q4_K wrongly and would hold a float16 copy of every one: Q4_0/Q4_1/Q8_0 are repacked exactly,
+the rest dequantized with the `gguf` package and re-quantized to MLX affine at two bits more
+than the source type (the added rounding is about a quarter of the original's), or kept as
+float with `keep_float=True`. Half-precision weights are cast to float32 when MLX runs on the
+CPU, where float16 arithmetic is emulated and tens of times slower.
+
+llama.cpp permutes the Q/K rows of llama-arch files for its interleaved RoPE; they are permuted
+back here, so the result is a standard mlx-lm model (RoPE as in Hugging Face). qwen2/qwen3 files
+are not permuted. With a `ModelStore`, the converted model is saved once as an MLX directory
+keyed by the file's sha256, and later loads read that instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import mmap
+import re
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from mlxcel.engine.loading.gguf_tokenizer import (
+    build_gguf_tokenizer,
+    end_of_generation_ids,
+    load_saved_tokenizer,
+    save_tokenizer,
+)
+from mlxcel.engine.loading.store import ModelStore
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GROUP_SIZE = 32
+_CONVERSION_VERSION = 2  # bump when the stored form changes: older entries are redone
+
+# ggml type ids (gguf.GGMLQuantizationType) that mx.load decodes exactly.
+_F32, _F16, _Q4_0, _Q4_1, _Q8_0, _BF16 = 0, 1, 2, 3, 8, 30
+_MX_EXACT = frozenset({_F32, _F16, _Q4_0, _Q4_1, _Q8_0, _BF16})
+_REPACKED = frozenset({_Q4_0, _Q4_1, _Q8_0})  # read as exact MLX triplets
+_MLX_BITS = (3, 4, 5, 6, 8)
+
+_HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_ROPE_FREQS = "rope_freqs.weight"
+
+
+@dataclass
+class GGUFModel:
+    """A model loaded from a GGUF file, ready for the engine."""
+
+    model: Any  # mlx-lm style nn.Module: model(inputs[B, L], cache=...) -> logits; has .layers
+    tokenizer: Any  # transformers.PreTrainedTokenizerFast
+    chat_template: str | None
+    architecture: str
+    context_length: int
+    config: dict[str, Any]  # Hugging Face style config.json content
+    quantization: str  # llama.cpp file type, e.g. "Q4_1", "Q4_K_M", "F16"
+    metadata: dict[str, Any]  # small scalar GGUF metadata (general.*, <arch>.*, tokenizer ids)
+    eos_token_ids: tuple[int, ...] = ()  # EOS plus end-of-turn ids the file names
+    store_path: Path | None = None  # the store entry this was loaded from or saved to
+    from_store: bool = False  # True when the store already held the converted model
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file: numpy-order shape, ggml type and absolute byte offset."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int
+
+    @property
+    def type_name(self) -> str:
+        from gguf import GGMLQuantizationType
+
+        try:
+            return GGMLQuantizationType(self.ggml_type).name
+        except ValueError:
+            return f"type{self.ggml_type}"
+
+    @property
+    def nbytes(self) -> int:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
+        rows = int(np.prod(self.shape[:-1], dtype=np.int64))
+        return rows * (self.shape[-1] // block) * size
+
+
+@dataclass
+class GGUFHeader:
+    """A GGUF file's metadata and tensor directory."""
+
+    metadata: dict[str, Any]
+    tensors: list[TensorInfo] = field(default_factory=list)
+
+
+def load_gguf(
+    path: Path | str, *, store: ModelStore | None = None, keep_float: bool = False
+) -> GGUFModel:
+    """Load a GGUF model; with `store`, reuse (or save) its converted MLX form.
+
+    `keep_float` keeps tensors of types MLX cannot hold exactly (K-quants, ...) as float16
+    instead of re-quantizing them. Raises ValueError for files that are not GGUF, unsupported
+    architectures or tensor layouts, OSError for unreadable files.
+    """
+    path = Path(path)
+    _check_magic(path)
+    variant = "float" if keep_float else ""
+    digest = ""
+    if store is not None:
+        digest = store.file_hash(path)
+        entry = store.find(digest, variant)
+        if entry is not None:
+            try:
+                return load_converted(entry)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                log.warning("store entry %s unreadable (%s); converting again", entry, exc)
+                with contextlib.suppress(OSError, KeyError):
+                    store.remove(entry.name)
+    result, weights = _convert(path, keep_float=keep_float)
+    if store is not None:
+        try:
+            result.store_path = store.save(
+                path,
+                digest,
+                lambda directory: _write_converted(directory, result, weights),
+                variant=variant,
+                manifest=_manifest(result),
+            )
+        except OSError as exc:  # a full disk or read-only store: the model is loaded anyway
+            log.warning("could not save %s to the model store: %s", path.name, exc)
+    return result
+
+
+def read_gguf_header(path: Path | str) -> GGUFHeader:
+    """Parse a GGUF file's metadata and tensor directory (no tensor data is read).
+
+    Metadata values come back as Python scalars/strings, lists of strings, or numpy arrays.
+    """
+    from gguf import GGUFValueType as V
+
+    scalar = {
+        V.UINT8: "<B",
+        V.INT8: "<b",
+        V.UINT16: "<H",
+        V.INT16: "<h",
+        V.UINT32: "<I",
+        V.INT32: "<i",
+        V.FLOAT32: "<f",
+        V.BOOL: "<?",
+        V.UINT64: "<Q",
+        V.INT64: "<q",
+        V.FLOAT64: "<d",
+    }
+    numpy_of = {k: np.dtype(v) for k, v in scalar.items()}
+    path = Path(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = 0
+
+        def take(fmt: str) -> Any:
+            nonlocal pos
+            value = struct.unpack_from(fmt, mm, pos)[0]
+            pos += struct.calcsize(fmt)
+            return value
+
+        def text() -> str:
+            nonlocal pos
+            n = take("<Q")
+            value = mm[pos : pos + n].decode("utf-8", errors="replace")
+            pos += n
+            return value
+
+        def value(kind: int) -> Any:
+            nonlocal pos
+            if kind == V.STRING:
+                return text()
+            if kind != V.ARRAY:
+                return take(scalar[V(kind)])
+            item_kind, count = take("<I"), take("<Q")
+            if item_kind == V.STRING:
+                return [text() for _ in range(count)]
+            if item_kind == V.ARRAY:
+                return [value(V.ARRAY) for _ in range(count)]
+            dtype = numpy_of[V(item_kind)]
+            array = np.frombuffer(mm[pos : pos + count * dtype.itemsize], dtype=dtype)
+            pos += count * dtype.itemsize
+            return array
+
+        if mm[:4] != b"GGUF":
+            raise ValueError(f"{path.name}: not a GGUF file")
+        version = struct.unpack_from("<I", mm, 4)[0]
+        if version not in (2, 3):
+            raise ValueError(f"{path.name}: unsupported GGUF version {version}")
+        pos = 8
+        try:
+            n_tensors, n_kv = take("<Q"), take("<Q")
+            metadata: dict[str, Any] = {}
+            for _ in range(n_kv):
+                key = text()
+                metadata[key] = value(take("<I"))
+            infos = []
+            for _ in range(n_tensors):
+                name = text()
+                dims = [take("<Q") for _ in range(take("<I"))]
+                infos.append((name, tuple(reversed(dims)), take("<I"), take("<Q")))
+        except (struct.error, ValueError, KeyError) as exc:
+            raise ValueError(f"{path.name}: corrupt or truncated GGUF header ({exc})") from exc
+        alignment = int(metadata.get("general.alignment", 32))
+        data_start = -(-pos // alignment) * alignment
+    tensors = [TensorInfo(n, s, t, data_start + o) for n, s, t, o in infos]
+    return GGUFHeader(metadata=metadata, tensors=tensors)
+
+
+def load_converted(directory: Path) -> GGUFModel:
+    """Load a model directory `load_gguf` wrote into the store."""
+    directory = Path(directory)
+    manifest = json.loads((directory / "mlxcel.json").read_text())
+    if manifest.get("conversion") != _CONVERSION_VERSION:
+        raise ValueError("converted by another mlxcel version")
+    config = json.loads((directory / "config.json").read_text())
+    weights = mx.load(str(directory / "model.safetensors"))
+    assert isinstance(weights, dict)
+    model = _build_model(config, weights, manifest.get("rope_factors"))
+    tokenizer = load_saved_tokenizer(directory)
+    return GGUFModel(
+        model=model,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+        architecture=str(manifest["architecture"]),
+        context_length=int(manifest["context_length"]),
+        config=config,
+        quantization=str(manifest["quantization"]),
+        metadata=dict(manifest.get("metadata", {})),
+        eos_token_ids=tuple(manifest.get("eos_token_ids", ())),
+        store_path=directory,
+        from_store=True,
+    )
+
+
+# --- conversion -------------------------------------------------------------------------
+
+
+def _check_magic(path: Path) -> None:
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path.name}: not a GGUF file")
+
+
+def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]]:
+    header = read_gguf_header(path)
+    metadata = header.metadata
+    architecture = str(metadata.get("general.architecture", ""))
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"unsupported GGUF architecture {architecture!r}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    tensors = {t.name: t for t in header.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ValueError(f"{path.name}: no token_embd.weight tensor")
+    config = _hf_config(architecture, metadata, tensors)
+    weights, rope_factors = _convert_weights(path, header, config, keep_float=keep_float)
+    bits = Counter(_bits(weights, key) for key in weights if key.endswith(".scales"))
+    if bits:  # for mlx-lm: the most common width; each layer's own is inferred from its shapes
+        config["quantization"] = {
+            "group_size": GROUP_SIZE,
+            "bits": bits.most_common(1)[0][0],
+            "mode": "affine",
+        }
+    model = _build_model(config, weights, rope_factors)
+    tokenizer = build_gguf_tokenizer(metadata)
+    loaded = GGUFModel(
+        model=model,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+        architecture=architecture,
+        context_length=int(config["max_position_embeddings"]),
+        config=config,
+        quantization=_file_type(metadata, header.tensors),
+        metadata=_small_metadata(metadata),
+        eos_token_ids=end_of_generation_ids(metadata),
+    )
+    return loaded, weights
+
+
+def _hf_config(arch: str, md: dict[str, Any], tensors: dict[str, TensorInfo]) -> dict[str, Any]:
+    def get(key: str, default: Any = None) -> Any:
+        value = md.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ValueError(f"GGUF metadata {arch}.{key} is missing")
+        if isinstance(value, np.ndarray):
+            raise ValueError(f"per-layer {arch}.{key} is not supported")
+        return value
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    config: dict[str, Any] = {
+        "model_type": arch,
+        "architectures": [_HF_ARCHITECTURES[arch]],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")),
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": int(get("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "vocab_size": int(tensors["token_embd.weight"].shape[0]),
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "rope_theta": float(get("rope.freq_base", 10000.0 if arch == "llama" else 1000000.0)),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "torch_dtype": "float32" if tensors["token_embd.weight"].ggml_type == _F32 else "float16",
+    }
+    if arch == "llama":
+        config["attention_bias"] = "blk.0.attn_q.bias" in tensors
+        config["mlp_bias"] = False
+    scaling = str(md.get(f"{arch}.rope.scaling.type", "none"))
+    factor = md.get(f"{arch}.rope.scaling.factor")
+    if scaling in ("linear", "yarn") and factor:
+        config["rope_scaling"] = {"type": scaling, "rope_type": scaling, "factor": float(factor)}
+        original = md.get(f"{arch}.rope.scaling.original_context_length")
+        if original:
+            config["rope_scaling"]["original_max_position_embeddings"] = int(original)
+    return config
+
+
+def _convert_weights(
+    path: Path, header: GGUFHeader, config: dict[str, Any], *, keep_float: bool
+) -> tuple[dict[str, Any], list[float] | None]:
+    """GGUF tensors → mlx-lm weights (HF names, Q/K un-permuted for llama)."""
+    dtype = mx.float32 if config["torch_dtype"] == "float32" else mx.float16  # the stored form
+    rope_factors: list[float] | None = None
+    unknown: list[str] = []
+    weights: dict[str, Any] = {}
+    with open(path, "rb") as f:
+        native = _load_native(path, header.tensors, f)
+        for info in header.tensors:
+            if info.name == _ROPE_FREQS and config["model_type"] == "llama":
+                rope_factors = _read_float(f, info).astype(np.float32).tolist()
+                continue
+            target = _hf_name(info.name)
+            if target is None:
+                unknown.append(info.name)
+                continue
+            if native is not None:
+                parts = _from_native(native, info)
+            else:
+                parts = _from_raw(f, info, dtype, keep_float=keep_float)
+            base = target.removesuffix(".weight")
+            for suffix, array in parts.items():
+                key = target if suffix == "weight" else f"{base}.{suffix}"
+                weights[key] = array if array.dtype == mx.uint32 else array.astype(dtype)
+    if unknown:
+        raise ValueError(f"unsupported tensors in the GGUF file: {', '.join(unknown[:5])}")
+    if config["model_type"] == "llama":
+        _unpermute_qk(weights, config)
+    return weights, rope_factors
+
+
+def _load_native(path: Path, tensors: list[TensorInfo], f: Any) -> dict[str, Any] | None:
+    """`mx.load`'s tensors when it can decode all of them exactly, else None.
+
+    `mx.load` turns every other type into float16 (costly for K-quant files, and wrong for
+    Q4_K), and older MLX versions decoded Q4_1 wrongly, so the smallest tensor of each quantized
+    type is checked against our own repacking.
+    """
+    if any(t.ggml_type not in _MX_EXACT for t in tensors):
+        return None
+    try:
+        native = mx.load(str(path))
+    except (RuntimeError, ValueError):
+        return None
+    assert isinstance(native, dict)
+    checked: set[int] = set()
+    for info in sorted(tensors, key=lambda t: t.nbytes):
+        if info.ggml_type in _REPACKED and info.ggml_type not in checked:
+            checked.add(info.ggml_type)
+            ours = _from_raw(f, info, mx.float16, keep_float=False)
+            theirs = _from_native(native, info)
+            if ours.keys() != theirs.keys() or not all(
+                mx.array_equal(ours[k], theirs[k]) for k in ours
+            ):
+                log.warning(
+                    "mx.load decodes %s differently; reading tensors directly", info.type_name
+                )
+                return None
+    return native
+
+
+def _from_native(native: dict[str, Any], info: TensorInfo) -> dict[str, Any]:
+    base = info.name.removesuffix(".weight")
+    if f"{base}.scales" in native:
+        return {
+            "weight": native[info.name],
+            "scales": native[f"{base}.scales"],
+            "biases": native[f"{base}.biases"],
+        }
+    return {"weight": native[info.name]}
+
+
+def _from_raw(f: Any, info: TensorInfo, dtype: Any, *, keep_float: bool) -> dict[str, Any]:
+    """One tensor read from the file: exact MLX triplets for Q4_0/Q4_1/Q8_0, float for float
+    types, and everything else dequantized, then re-quantized unless `keep_float`."""
+    if info.ggml_type in _REPACKED:
+        f.seek(info.offset)
+        raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
+        return {k: mx.array(v) for k, v in _repack(raw, info).items()}
+    array = mx.array(_read_float(f, info)).astype(dtype)
+    if (
+        keep_float
+        or info.ggml_type in (_F32, _F16, _BF16)
+        or array.ndim != 2
+        or array.shape[-1] % GROUP_SIZE
+    ):
+        return {"weight": array}
+    bits = _requant_bits(info.type_name)
+    weight, scales, biases = mx.quantize(array, group_size=GROUP_SIZE, bits=bits)
+    return {"weight": weight, "scales": scales, "biases": biases}
+
+
+def _repack(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
+    """Q4_0/Q4_1/Q8_0 blocks → MLX affine (weight, scales, biases), group size 32, exactly.
+
+    A block is an f16 scale d (Q4_1 also an f16 offset m) and 32 codes: Q8_0 int8 codes c
+    (value d*c), Q4_0 nibbles (value d*(q-8)), Q4_1 nibbles (value d*q + m), the first 16
+    codes in the low nibbles of the 16 bytes and the last 16 in the high ones.
+    """
+    lead = info.shape[:-1]
+    header = 4 if info.ggml_type == _Q4_1 else 2
+    blocks = raw.reshape(_rows(info), info.shape[-1] // GROUP_SIZE, -1)
+    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)
+    codes = blocks[..., header:]
+    if info.ggml_type == _Q8_0:
+        packed = codes ^ np.uint8(0x80)  # int8 c → uint8 c + 128
+        biases = scales * np.float16(-128)
+    else:  # MLX packs 8 nibbles per uint32, the first value lowest
+        packed = np.empty(codes.shape, np.uint8)
+        even, odd = codes[..., 0:16:2], codes[..., 1:16:2]
+        packed[..., :8] = (even & 0x0F) | (odd << 4)
+        packed[..., 8:] = (even >> 4) | (odd & 0xF0)
+        if info.ggml_type == _Q4_0:
+            biases = scales * np.float16(-8)
+        else:
+            biases = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)
+    weight = np.ascontiguousarray(packed).reshape(_rows(info), -1).view(np.uint32)
+    return {
+        "weight": weight.reshape(*lead, -1),
+        "scales": scales.reshape(*lead, -1),
+        "biases": biases.reshape(*lead, -1),
+    }
+
+
+def _rows(info: TensorInfo) -> int:
+    return int(np.prod(info.shape[:-1], dtype=np.int64))
+
+
+def _hf_name(name: str) -> str | None:
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[parts[0]]}.{parts[1]}"
+    return None
+
+
+def _read_float(f: Any, info: TensorInfo) -> np.ndarray:
+    """A tensor's values as float numpy, dequantizing with the gguf package."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    f.seek(info.offset)
+    raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
+    if info.ggml_type == _F32:
+        return raw.view(np.float32).reshape(info.shape)
+    if info.ggml_type == _F16:
+        return raw.view(np.float16).reshape(info.shape)
+    if info.ggml_type == _BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
+    rows = raw.reshape(*info.shape[:-1], -1)
+    return dequantize(rows, GGMLQuantizationType(info.ggml_type)).reshape(info.shape)
+
+
+def _requant_bits(type_name: str) -> int:
+    """MLX bits for re-quantizing a dequantized tensor: two more than the source type's."""
+    digits = re.search(r"\d", type_name)
+    nominal = 2 if type_name.startswith("TQ") else int(digits.group()) if digits else 6
+    return next((b for b in _MLX_BITS if b >= nominal + 2), 8)
+
+
+def _bits(weights: dict[str, Any], scales_key: str) -> int:
+    """Bits per value of the quantized weight whose scales are `scales_key`."""
+    base = scales_key.removesuffix(".scales")
+    packed_bits = weights[f"{base}.weight"].shape[-1] * 32
+    return int(packed_bits // (weights[scales_key].shape[-1] * GROUP_SIZE))
+
+
+def _unpermute_qk(weights: dict[str, Any], config: dict[str, Any]) -> None:
+    """Undo llama.cpp's Q/K row permutation (interleaved → half-split RoPE layout)."""
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    for key, value in list(weights.items()):
+        parts = key.split(".")
+        if len(parts) >= 2 and parts[-2] in heads and parts[-3] == "self_attn":
+            n = heads[parts[-2]]
+            rows = value.shape[0]
+            shape = (n, rows // n // 2, 2, *value.shape[1:])
+            weights[key] = value.reshape(shape).swapaxes(1, 2).reshape(value.shape)
+
+
+def compute_dtype(config: dict[str, Any]) -> Any:
+    """The float dtype a model computes in: float32 on the CPU backend, where half precision
+    is emulated and tens of times slower; otherwise the stored `torch_dtype`."""
+    if mx.default_device().type == mx.DeviceType.cpu:
+        return mx.float32
+    return mx.float32 if config.get("torch_dtype") == "float32" else mx.float16
+
+
+def _build_model(
+    config: dict[str, Any], weights: dict[str, Any], rope_factors: list[float] | None = None
+) -> Any:
+    """An mlx-lm model for `config` holding `weights` (quantized where they carry scales)."""
+    dtype = compute_dtype(config)
+    weights = {
+        k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
+    }
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+
+    def quantized(path: str, layer: Any) -> Any:
+        if f"{path}.scales" not in weights or not hasattr(layer, "to_quantized"):
+            return False
+        return {"group_size": GROUP_SIZE, "bits": _bits(weights, f"{path}.scales")}
+
+    nn.quantize(model, group_size=GROUP_SIZE, bits=4, class_predicate=quantized)
+    model.load_weights(list(weights.items()), strict=True)
+    if rope_factors is not None:
+        dims = int(config["head_dim"])
+        rope = _FactoredRoPE(dims, float(config["rope_theta"]), rope_factors)
+        for layer in model.layers:
+            layer.self_attn.rope = rope
+    mx.eval(model.parameters())
+    model.eval()
+    return model
+
+
+class _FactoredRoPE(nn.Module):
+    """RoPE whose per-frequency wavelengths are scaled by a GGUF `rope_freqs` tensor (Llama 3)."""
+
+    def __init__(self, dims: int, base: float, factors: list[float]) -> None:
+        super().__init__()
+        self.dims = dims
+        self.factors = list(factors)
+        exponents = mx.arange(0, dims, 2, dtype=mx.float32) / dims
+        self._freqs = (base**exponents) * mx.array(factors, dtype=mx.float32)
+
+    def __call__(self, x: Any, offset: Any = 0) -> Any:
+        return mx.fast.rope(
+            x, self.dims, traditional=False, base=None, scale=1.0, offset=offset, freqs=self._freqs
+        )
+
+
+def _file_type(metadata: dict[str, Any], tensors: list[TensorInfo]) -> str:
+    from gguf import LlamaFileType
+
+    value = metadata.get("general.file_type")
+    try:
+        name = LlamaFileType(int(value)).name if value is not None else ""
+    except ValueError:
+        name = ""
+    if name and name != "GUESSED":
+        return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    counts = Counter(t.type_name for t in tensors if len(t.shape) == 2)
+    return counts.most_common(1)[0][0] if counts else "unknown"
+
+
+def _small_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    small: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 256):
+            small[key] = value
+    return small
+
+
+# --- the store form -----------------------------------------------------------------------
+
+
+def _manifest(result: GGUFModel) -> dict[str, Any]:
+    rope = getattr(result.model.layers[0].self_attn, "rope", None)
+    return {
+        "conversion": _CONVERSION_VERSION,
+        "architecture": result.architecture,
+        "context_length": result.context_length,
+        "quantization": result.quantization,
+        "metadata": result.metadata,
+        "eos_token_ids": list(result.eos_token_ids),
+        "rope_factors": rope.factors if isinstance(rope, _FactoredRoPE) else None,
+    }
+
+
+def _write_converted(directory: Path, result: GGUFModel, weights: dict[str, Any]) -> None:
+    mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (directory / "config.json").write_text(json.dumps(result.config, indent=2))
+    save_tokenizer(result.tokenizer, directory)
