@@ -16,13 +16,16 @@ _mlxcel() {
 }
 _mlxcel_subs() {
     case "$1" in
-        "") echo "cache embed generate rerank serve speak tokenize transcribe" ;;
+        "") echo "bench cache embed generate rerank serve speak tokenize transcribe" ;;
+        "bench") echo "serve" ;;
         "cache") echo "dir info list reset rm stats" ;;
     esac
 }
 _mlxcel_opts() {
     case "$1" in
         "") echo "--install-completion --show-completion --version -V" ;;
+        "bench") echo "--batch --compare --csv --json --model --n-gen --n-prompt --profile --repetitions -P -m -n -p -r" ;;
+        "bench serve") echo "--api-key --concurrency --endpoint --ignore-eos --insecure --json --max-tokens --model --no-warmup --prompt-len --requests --timeout --url --warmup -N -c -m -n" ;;
         "cache") echo "" ;;
         "cache dir") echo "" ;;
         "cache info") echo "" ;;

@@ -10,6 +10,7 @@ import typer
 
 from mlxcel import __version__
 from mlxcel.commands import (
+    bench,
     cache,
     embed,
     generate,
@@ -52,6 +53,7 @@ app.command("rerank", help=rerank.__doc__)(rerank.rerank)
 app.command("transcribe", help=transcribe.__doc__)(transcribe.transcribe)
 app.command("speak", help=speak.__doc__)(speak.speak)
 app.add_typer(cache.app, name="cache")
+app.add_typer(bench.app, name="bench")
 app.command("serve", help=serve.__doc__, context_settings=serve.CONTEXT_SETTINGS)(serve.serve)
 
 
