@@ -175,10 +175,20 @@ def _generation_config_eos(path: Path) -> set[int]:
 
 
 def _count_parameters(model: Any) -> int:
+    """Parameters as the model defines them (quantized weights counted unpacked)."""
     from mlx.utils import tree_flatten
 
     leaves: Any = tree_flatten(model.parameters())
-    return sum(int(value.size) for _, value in leaves)
+    total = sum(int(value.size) for _, value in leaves)
+    for _, module in model.named_modules():
+        bits = getattr(module, "bits", None)
+        weight = getattr(module, "weight", None)
+        if not bits or weight is None or "scales" not in module:
+            continue
+        packed = int(weight.size) + int(module["scales"].size)
+        packed += int(module["biases"].size) if "biases" in module else 0
+        total += int(weight.size) * 32 // int(bits) - packed
+    return total
 
 
 def _first_line(exc: BaseException) -> str:
