@@ -6,12 +6,11 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
 from mlxcel.server.audio.protocol import MAX_BODY_BYTES
 from mlxcel.server.audio.routes import UPLOAD_PATHS
 from mlxcel.server.errors import install_error_handlers
-from mlxcel.server.middleware import MAX_HEADER_BYTES, ApiKeys, RequestGuard
+from mlxcel.server.middleware import MAX_HEADER_BYTES, ApiKeys, Cors, RequestGuard
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
@@ -64,17 +63,15 @@ def public_paths(prefix: str) -> set[str]:
 
 
 def add_cors(app: FastAPI, settings: Settings) -> None:
-    """CORS from `--cors-origins/methods/headers/credentials` (comma-separated lists)."""
-    origins = _split(settings.cors_origins)
-    if not origins:
+    """CORS from `--cors-origins/methods/headers/credentials`, as llama-server applies them."""
+    if not _split(settings.cors_origins):
         return
-    credentials = bool(settings.cors_credentials)
     app.add_middleware(
-        CORSMiddleware,
-        allow_origins=origins,
-        allow_methods=_split(settings.cors_methods) or ["*"],
-        allow_headers=_split(settings.cors_headers) or ["*"],
-        allow_credentials=credentials,
+        Cors,
+        origins=settings.cors_origins,
+        methods=settings.cors_methods or "GET, POST, DELETE, OPTIONS",
+        headers=settings.cors_headers or "*",
+        credentials=bool(settings.cors_credentials),
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -188,3 +189,99 @@ def _replay(messages: list[Message], last: Message | None, receive: Receive) -> 
         return await receive()
 
     return replay
+
+
+LOCALHOST_ORIGINS = "localhost"
+"""The `--cors-origins` value that allows any origin on this machine (any scheme and port)."""
+_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_local_origin(origin: str) -> bool:
+    """Whether an `Origin` header names this machine: localhost, 127.0.0.1 or [::1]."""
+    try:
+        parts = urlsplit(origin)
+        parts.port  # noqa: B018 -- raises ValueError on a malformed port
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or "@" in parts.netloc:
+        return False
+    return (parts.hostname or "") in _LOCAL_HOSTS
+
+
+class Cors:
+    """CORS as llama-server answers it (pure ASGI, outside the request guard).
+
+    `origins` is `--cors-origins`: `*` (any origin; reflected when credentials are
+    allowed), `localhost` (origins on this machine only), or a comma-separated list.
+    Every OPTIONS request is answered here with 200 and the allow headers, before auth
+    (browsers send preflights without credentials). A requested header list is echoed
+    when `headers` is `*`, since browsers never let `*` cover `Authorization`.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, origins: str, methods: str, headers: str, credentials: bool
+    ) -> None:
+        self.app = app
+        self.origins = origins.strip()
+        self.listed = frozenset(o.strip() for o in origins.split(",") if o.strip())
+        self.methods = methods
+        self.headers = headers
+        self.credentials = credentials
+
+    def allow_origin(self, origin: str | None) -> str | None:
+        """The `Access-Control-Allow-Origin` value for a request from `origin`, if any."""
+        if self.origins == "*":
+            return origin if self.credentials and origin else "*"
+        if not origin:
+            return None
+        if self.origins == LOCALHOST_ORIGINS:
+            return origin if is_local_origin(origin) else None
+        return origin if origin in self.listed else None
+
+    def _cors_headers(self, origin: str | None) -> list[tuple[bytes, bytes]]:
+        allowed = self.allow_origin(origin)
+        out: list[tuple[bytes, bytes]] = []
+        if allowed is not None:
+            out.append((b"Access-Control-Allow-Origin", allowed.encode("latin-1")))
+            if self.credentials:
+                out.append((b"Access-Control-Allow-Credentials", b"true"))
+            if allowed != "*":
+                out.append((b"Vary", b"Origin"))
+        return out
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        lookup = _header_lookup(scope.get("headers") or [])
+        origin = lookup("origin")
+        if scope.get("method") == "OPTIONS":
+            await self._preflight(origin, lookup("access-control-request-headers"), send)
+            return
+        extra = self._cors_headers(origin)
+        if not extra:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                names = {name for name, _ in extra}
+                kept = [h for h in message.get("headers", []) if h[0].title() not in names]
+                message["headers"] = kept + extra
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+    async def _preflight(self, origin: str | None, requested: str | None, send: Send) -> None:
+        headers = self._cors_headers(origin)
+        if not self.credentials and headers:
+            headers.append((b"Access-Control-Allow-Credentials", b"false"))
+        allow_headers = requested if self.headers.strip() == "*" and requested else self.headers
+        headers += [
+            (b"Access-Control-Allow-Methods", self.methods.encode("latin-1")),
+            (b"Access-Control-Allow-Headers", allow_headers.encode("latin-1")),
+            (b"Content-Length", b"0"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})

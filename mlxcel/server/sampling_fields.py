@@ -97,6 +97,17 @@ class SamplingFields(BaseModel):
         if self.n is not None and self.n != 1:
             raise bad_request(f"n: only n=1 is supported, not {self.n}")
 
+    def check_constraints(self) -> None:
+        """llama-server's `grammar` and `json_schema` fields are refused (400), never ignored:
+        ignoring them would silently return unconstrained text."""
+        extra = self.model_extra or {}
+        grammar = extra.get("grammar")
+        if grammar is not None and grammar != "":
+            raise bad_request("grammar: GBNF grammars are not supported by this server")
+        schema = extra.get("json_schema")
+        if schema is not None and schema != {}:
+            raise bad_request("json_schema: constrained decoding is not supported by this server")
+
 
 def parse_priority(value: str | None) -> Priority:
     """The `X-Priority` header as a Priority (400 for anything but high|normal|low)."""
@@ -155,6 +166,7 @@ def to_generation_request(
     Out-of-range values raise a 400 APIError.
     """
     fields.check_n()
+    fields.check_constraints()
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
     if max_tokens is None or max_tokens == -1:

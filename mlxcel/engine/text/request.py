@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from mlxcel.engine.sampling.params import SamplingParams
 from mlxcel.engine.text.loop_detection import LoopParams
@@ -46,6 +46,7 @@ class GenerationRequest:
     cache_prompt: bool = True
     priority: Priority = Priority.NORMAL
     logprobs: int | None = None  # None: off; N >= 0: sampled token + N alternatives
+    grammar: Any = None  # a compiled grammar (mlxcel.engine.grammar.CompiledGrammar) or None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 

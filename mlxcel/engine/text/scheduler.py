@@ -304,6 +304,10 @@ class TextEngine:
             self._finish(job, "length")
             return
         sampler, processors = make_sampling(request.sampling, self.tokenizer.vocab_size)
+        if request.grammar is not None:
+            from mlxcel.engine.grammar import grammar_processor
+
+            processors = [*processors, grammar_processor(request.grammar)]
         (uid,) = generator.insert(
             [prompt[job.cache_n :]],
             max_tokens=[job.max_tokens],

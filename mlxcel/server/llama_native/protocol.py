@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mlxcel.server.errors import bad_request
 from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
@@ -12,6 +12,7 @@ from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.sampling.params import SamplingParams
+    from mlxcel.engine.tokenizer import Tokenizer
 
 UNSET_SEED = 18446744073709551615
 """llama-server's `seed` when none is set (u64::MAX): a fresh random seed per request."""
@@ -24,6 +25,10 @@ SAMPLERS = ("penalties", "dry", "top_k", "top_p", "min_p", "xtc", "temperature")
 
 PromptPart = str | int
 """One element of a native prompt: text, or a token id."""
+
+PROMPT_STRING_KEY = "prompt_string"
+MULTIMODAL_KEY = "multimodal_data"
+"""The keys of llama-server's JSON-object prompt (`{"prompt_string": ..., ...}`)."""
 
 
 class NativeCompletionRequest(SamplingFields):
@@ -40,6 +45,23 @@ class NativeCompletionRequest(SamplingFields):
     thinking_budget_tokens: int | None = Field(None, ge=-1)
     reasoning_budget: int | None = Field(None, ge=-1)
     thinking_budget: int | None = Field(None, ge=-1)
+    response_fields: list[str] | None = None
+    # llama-server's `logit_bias` forms (pairs, text keys, `false`), resolved with the
+    # tokenizer into the shared id-keyed `logit_bias` by `resolve_logit_bias`.
+    native_logit_bias: Any = Field(None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _take_logit_bias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("logit_bias") is not None:
+            data = dict(data)
+            data["native_logit_bias"] = data.pop("logit_bias")
+        return data
+
+    def resolve_logit_bias(self, tokenizer: Tokenizer) -> None:
+        """Turn `native_logit_bias` into the shared `logit_bias` (token id -> bias)."""
+        if self.native_logit_bias is not None:
+            self.logit_bias = native_logit_bias(self.native_logit_bias, tokenizer)
 
     def token_limit(self) -> int | None:
         """`n_predict`, else `max_tokens`; -1 and -2 (until the context fills) read as None."""
@@ -99,6 +121,8 @@ def split_prompts(value: Any) -> list[list[PromptPart]]:
     def one(item: Any) -> list[PromptPart]:
         if isinstance(item, str):
             return [item]
+        if isinstance(item, dict):
+            return object_prompt(item)
         if isinstance(item, list) and all(is_id(x) or isinstance(x, str) for x in item):
             return list(item)
         raise bad_request(
@@ -108,6 +132,8 @@ def split_prompts(value: Any) -> list[list[PromptPart]]:
 
     if isinstance(value, str):
         return [[value]]
+    if isinstance(value, dict):
+        return [object_prompt(value)]
     if not isinstance(value, list) or not value:
         raise bad_request("prompt must be a non-empty string or list")
     if any(is_id(x) for x in value) and all(is_id(x) or isinstance(x, str) for x in value):
@@ -116,6 +142,67 @@ def split_prompts(value: Any) -> list[list[PromptPart]]:
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"prompt: at most {MAX_PROMPTS} prompts per request")
     return prompts
+
+
+def object_prompt(item: dict[str, Any]) -> list[PromptPart]:
+    """A JSON-object prompt: its `prompt_string` (media data: 400, the model is text only)."""
+    text = item.get(PROMPT_STRING_KEY)
+    if not isinstance(text, str):
+        raise bad_request(f"a prompt object needs a string '{PROMPT_STRING_KEY}'")
+    if item.get(MULTIMODAL_KEY):
+        raise bad_request(f"{MULTIMODAL_KEY}: this model takes text only")
+    return [text]
+
+
+def _bias_value(value: Any) -> float:
+    if value is False:
+        return float("-inf")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request("logit_bias: a bias must be a number, or false to ban the token")
+    return float(value)
+
+
+def native_logit_bias(value: Any, tokenizer: Tokenizer) -> dict[str, float]:
+    """llama-server's `logit_bias` as token id (text) -> bias.
+
+    Pairs `[[id or text, bias], ...]` or an object `{"id or text": bias}`; a text key biases
+    every token it encodes to; `false` bans the token. Later entries win.
+    """
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+        items = [(p[0], p[1]) for p in value]
+    else:
+        raise bad_request("logit_bias must be a list of [token, bias] pairs or an object")
+    out: dict[str, float] = {}
+    for key, raw in items:
+        bias = _bias_value(raw)
+        if isinstance(key, int) and not isinstance(key, bool):
+            ids = [key]
+        elif isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            ids = [int(key)]
+        elif isinstance(key, str):
+            ids = tokenizer.encode(key, add_special=False)
+        else:
+            raise bad_request("logit_bias: a token must be an id or a string")
+        for token in ids:
+            out[str(token)] = bias
+    return out
+
+
+def project_fields(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """llama-server's `response_fields`: only `paths` (`a/b` reads a nested value, kept
+    under the key `a/b`); missing ones are left out."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        node: Any = result
+        for part in path.split("/"):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            out[path] = node
+    return out
 
 
 def seed_value(seed: int | None) -> int:
@@ -156,6 +243,8 @@ def sampling_params_view(
         "mirostat": 0,
         "mirostat_tau": 5.0,
         "mirostat_eta": 0.1,
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
         "max_tokens": n_predict,
         "n_predict": n_predict,
         "n_keep": 0,

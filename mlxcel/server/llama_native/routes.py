@@ -1,4 +1,7 @@
-"""Routes of llama-server's native API (thin: parsing is pydantic, work is in serving)."""
+"""Routes of llama-server's native API (thin: parsing is pydantic, work is in serving).
+
+Bodies are read as JSON whatever their Content-Type, as llama-server reads them.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from mlxcel.server.llama_native.protocol import (
 )
 from mlxcel.server.llama_native.serving import NativeServing
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
+from mlxcel.server.openai_common import parse_body
 from mlxcel.server.state import ServerState, get_state
 
 router = APIRouter()
@@ -23,40 +27,35 @@ router = APIRouter()
 
 @router.post("/completion")
 @router.post("/completions")
-async def completion(
-    body: NativeCompletionRequest, raw: Request, state: ServerState = Depends(get_state)
-) -> Response:
+async def completion(raw: Request, state: ServerState = Depends(get_state)) -> Response:
     """llama-server's native completion (JSON, or SSE with `stream`)."""
+    body = await parse_body(raw, NativeCompletionRequest)
     return await NativeServing(state).completion(body, raw)
 
 
 @router.post("/infill")
-async def infill(
-    body: InfillRequest, raw: Request, state: ServerState = Depends(get_state)
-) -> Response:
+async def infill(raw: Request, state: ServerState = Depends(get_state)) -> Response:
     """Fill-in-the-middle; 501 `not_supported_error` without FIM tokens."""
+    body = await parse_body(raw, InfillRequest)
     return await NativeServing(state).infill(body, raw)
 
 
 @router.post("/tokenize")
-async def tokenize(
-    body: TokenizeRequest, state: ServerState = Depends(get_state)
-) -> dict[str, Any]:
+async def tokenize(raw: Request, state: ServerState = Depends(get_state)) -> dict[str, Any]:
     """Token ids of `content` (with `with_pieces`: `{id, piece}` objects)."""
+    body = await parse_body(raw, TokenizeRequest)
     return await NativeServing(state).tokenize(body.content, body.add_special, body.with_pieces)
 
 
 @router.post("/detokenize")
-async def detokenize(
-    body: DetokenizeRequest, state: ServerState = Depends(get_state)
-) -> dict[str, Any]:
+async def detokenize(raw: Request, state: ServerState = Depends(get_state)) -> dict[str, Any]:
     """Text of `tokens`; an out-of-vocabulary id is a 500 `server_error`."""
+    body = await parse_body(raw, DetokenizeRequest)
     return await NativeServing(state).detokenize(body.tokens)
 
 
 @router.post("/apply-template")
-async def apply_template(
-    body: ChatCompletionRequest, state: ServerState = Depends(get_state)
-) -> dict[str, Any]:
+async def apply_template(raw: Request, state: ServerState = Depends(get_state)) -> dict[str, Any]:
     """The chat-templated prompt of `messages`, not generated from."""
+    body = await parse_body(raw, ChatCompletionRequest)
     return await NativeServing(state).apply_template(body)

@@ -23,6 +23,7 @@ from mlxcel.server.llama_native.protocol import (
     NativeCompletionRequest,
     PromptPart,
     generation_settings,
+    project_fields,
     split_prompts,
 )
 from mlxcel.server.openai_common import (
@@ -200,9 +201,13 @@ class NativeServing:
         if bos is not None and tokenizer.encode("a", add_special=True)[:1] == [bos]:
             tokens.append(bos)
         for i, chunk in enumerate(body.input_extra):
-            text, filename = chunk.get("text", ""), chunk.get("filename", "")
+            # `text` is required, `filename` optional; both strings (llama-server's rule).
+            text, filename = chunk.get("text"), chunk.get("filename", "")
             if not isinstance(text, str) or not isinstance(filename, str):
-                raise bad_request(f"input_extra[{i}]: 'text' and 'filename' must be strings")
+                raise bad_request(
+                    f"input_extra[{i}]: needs a string 'text' (and 'filename', if given, "
+                    "must be a string)"
+                )
             if "file_sep" in fim:
                 tokens.append(fim["file_sep"])
                 tokens.extend(tokenizer.encode(f"{filename}\n{text}", add_special=False))
@@ -242,6 +247,7 @@ class NativeServing:
     ) -> Response:
         client = self.state.client
         assert client is not None
+        body.resolve_logit_bias(self.tokenizer)
         requests = [self._request(body, tokens, raw) for tokens in token_lists]
         streams: list[_SlotWatch] = []
         try:
@@ -317,7 +323,7 @@ class NativeServing:
             ),
             "prompt": tokenizer.decode(request.prompt_tokens),
             "has_new_line": "\n" in text,
-            "truncated": False,
+            "truncated": self._filled_context(final, request),
             "stop_type": stop_type,
             "stopping_word": stopping_word,
             "tokens_cached": max(0, final.prompt_tokens + final.completion_tokens - 1),
@@ -327,7 +333,18 @@ class NativeServing:
             out["completion_probabilities"] = chat_logprobs(
                 tokenizer, [lp for e in events for lp in e.logprobs]
             )
-        return out
+        return project_fields(out, body.response_fields) if body.response_fields else out
+
+    def _filled_context(self, final: GenerationEvent, request: GenerationRequest) -> bool:
+        """llama-server's `truncated`: generation stopped because the slot's context is full
+        (not at the request's own token limit)."""
+        client = self.state.client
+        n_ctx = int(getattr(client.engine, "context_per_slot", 0)) if client is not None else 0
+        if final.finish_reason != "length" or n_ctx <= 0:
+            return False
+        if request.max_tokens is not None and final.completion_tokens >= request.max_tokens:
+            return False
+        return final.prompt_tokens + final.completion_tokens >= n_ctx
 
     async def _stream(
         self, body: NativeCompletionRequest, streams: list[_SlotWatch], model: str

@@ -1,6 +1,8 @@
-"""Routes: POST /v1/chat/completions and its alias /chat/completions."""
+"""Routes: POST /v1/chat/completions (alias /chat/completions) and its input-token count."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
@@ -19,3 +21,13 @@ async def create_chat_completion(raw: Request, state: ServerState = Depends(get_
     """OpenAI chat completion, JSON or SSE (`stream: true`)."""
     body = await parse_body(raw, ChatCompletionRequest)
     return await ChatServing(state).create(body, raw)
+
+
+@router.post("/v1/chat/completions/input_tokens")
+@router.post("/chat/completions/input_tokens")
+async def count_input_tokens(
+    raw: Request, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """The prompt tokens a chat request would use (llama-server's count route)."""
+    body = await parse_body(raw, ChatCompletionRequest)
+    return await ChatServing(state).input_tokens(body)

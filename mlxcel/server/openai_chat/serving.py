@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from mlxcel.engine.prompting import PromptError, chat_tokens
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
-from mlxcel.server.errors import bad_request
+from mlxcel.server.errors import bad_request, server_busy
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
 from mlxcel.server.openai_common import (
     chat_logprobs,
@@ -30,6 +30,7 @@ from mlxcel.server.openai_common import (
 )
 from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
 from mlxcel.server.sse import SSE_DONE, SSE_PING, event_stream, sse_data, with_keepalive
+from mlxcel.server.structured import compile_response_format
 
 if TYPE_CHECKING:
     from mlxcel.server.bridge import EngineStream
@@ -130,17 +131,9 @@ def _add_directive(messages: list[dict[str, Any]], directive: str) -> None:
     messages.insert(0, {"role": "system", "content": directive})
 
 
-def _check_response_format(response_format: dict[str, Any] | None) -> None:
-    if response_format is None:
-        return
-    kind = response_format.get("type", "text")
-    if kind == "text":
-        return
-    if kind == "json_object":
-        raise bad_request("response_format 'json_object' is not supported; use 'json_schema'")
-    if kind == "json_schema":
-        raise bad_request("response_format 'json_schema' is not supported by this server yet")
-    raise bad_request(f"response_format type must be 'text' or 'json_schema', not {kind!r}")
+def _forced_tool_choice(tool_choice: Any) -> bool:
+    """`required` or a named function: choices that would need their own grammar."""
+    return tool_choice == "required" or isinstance(tool_choice, dict)
 
 
 def template_kwargs(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -173,22 +166,13 @@ class ChatServing:
         state = self.state
         assert state.client is not None and state.tokenizer is not None
         body.check_n()
-        _check_response_format(body.response_format)
-        priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
-        tools, directive = _select_tools(body)
-        messages = [_template_message(i, m) for i, m in enumerate(body.messages)]
-        if directive:
-            _add_directive(messages, directive)
-        try:
-            tokens = await run_in_threadpool(
-                chat_tokens,
-                state.tokenizer,
-                messages,
-                tools=tools,
-                template_kwargs=template_kwargs(state, body),
+        grammar = await compile_response_format(state, body.response_format)
+        if grammar is not None and _forced_tool_choice(body.tool_choice):
+            raise bad_request(
+                "a forced tool_choice cannot be combined with a json_schema response_format"
             )
-        except PromptError as exc:
-            raise bad_request(scrub_paths(str(exc))) from None
+        priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
+        tokens = await self.prompt_tokens(body)
         request = to_generation_request(
             body,
             settings=state.settings,
@@ -199,6 +183,7 @@ class ChatServing:
             priority=priority,
             logprobs=body.logprobs_count(),
         )
+        request.grammar = grammar
         started = time.perf_counter()
         stream = state.client.open(request)  # 400/503 here, before any SSE header
         meta = {
@@ -210,6 +195,32 @@ class ChatServing:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return event_stream(self._stream(stream, meta, include_usage, started))
         return await self._complete(stream, meta, raw, started)
+
+    async def prompt_tokens(self, body: ChatCompletionRequest) -> list[int]:
+        """The templated prompt's token ids (tools and `tool_choice` applied); 400 on errors."""
+        state = self.state
+        assert state.tokenizer is not None
+        tools, directive = _select_tools(body)
+        messages = [_template_message(i, m) for i, m in enumerate(body.messages)]
+        if directive:
+            _add_directive(messages, directive)
+        try:
+            return await run_in_threadpool(
+                chat_tokens,
+                state.tokenizer,
+                messages,
+                tools=tools,
+                template_kwargs=template_kwargs(state, body),
+            )
+        except PromptError as exc:
+            raise bad_request(scrub_paths(str(exc))) from None
+
+    async def input_tokens(self, body: ChatCompletionRequest) -> dict[str, Any]:
+        """POST /v1/chat/completions/input_tokens: how many prompt tokens `body` would use."""
+        if self.state.tokenizer is None:
+            raise server_busy("loading model")
+        tokens = await self.prompt_tokens(body)
+        return {"input_tokens": len(tokens), "object": "response.input_tokens"}
 
     async def _complete(
         self, stream: EngineStream, meta: dict[str, Any], raw: Request, started: float

@@ -27,6 +27,7 @@ from mlxcel.server.openai_common import (
 from mlxcel.server.openai_completions.protocol import CompletionRequest
 from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
 from mlxcel.server.sse import SSE_DONE, SSE_PING, event_stream, sse_data, with_keepalive
+from mlxcel.server.structured import compile_response_format
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
@@ -85,9 +86,7 @@ class CompletionServing:
             raise bad_request(f"best_of: only best_of=1 is supported, not {body.best_of}")
         if body.suffix:
             raise bad_request("suffix is not supported; use POST /infill for fill-in-the-middle")
-        if body.response_format and body.response_format.get("type", "text") != "text":
-            kind = body.response_format.get("type")
-            raise bad_request(f"response_format {kind!r} is not supported on this route")
+        grammar = await compile_response_format(state, body.response_format)
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
         tokenizer = state.tokenizer
         tokens = await run_in_threadpool(prompt_tokens, tokenizer, body.prompt)
@@ -101,6 +100,7 @@ class CompletionServing:
             priority=priority,
             logprobs=body.logprobs,
         )
+        request.grammar = grammar
         started = time.perf_counter()
         stream = state.client.open(request)  # 400/503 here, before any SSE header
         meta = {

@@ -56,8 +56,17 @@ def _default_params(state: ServerState) -> tuple[Any, int]:
 # ----------------------------------------------------------------------------- /props
 
 
+def model_file_name(state: ServerState) -> str:
+    """`model_path` for /props: the model file's own name (a `.gguf` file), never a directory
+    path; the served name for directories and cached repositories."""
+    info = state.model_info
+    if info is not None and info.path.suffix.lower() == ".gguf":
+        return info.path.name
+    return state.model_name
+
+
 def props_payload(state: ServerState) -> dict[str, Any]:
-    """GET /props in llama-server's shape (the model path is never reported)."""
+    """GET /props in llama-server's shape (`model_path` is a file name, never a path)."""
     engine = _engine(state)
     settings = state.settings
     sampling, n_predict = _default_params(state)
@@ -76,7 +85,7 @@ def props_payload(state: ServerState) -> dict[str, Any]:
         "total_slots": engine.n_slots,
         "blas": blas_in_use(),
         "model_alias": name,
-        "model_path": name,
+        "model_path": model_file_name(state),
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": bool(settings.slots),
         "endpoint_props": bool(settings.props),

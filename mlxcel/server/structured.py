@@ -1,0 +1,40 @@
+"""`response_format` → a compiled grammar for the engine (JSON-schema constrained decoding)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from mlxcel.engine.errors import EngineError, InvalidRequestError
+from mlxcel.server.errors import APIError, bad_request
+from mlxcel.server.state import ServerState
+
+
+async def compile_response_format(
+    state: ServerState, response_format: dict[str, Any] | None, *, native: bool = False
+) -> Any:
+    """The compiled grammar `response_format` asks for, or None for plain text.
+
+    400 for `json_object`, malformed wrappers, schemas over the limits or that the grammar
+    engine rejects, and tokenizers it cannot drive (`UnsupportedTokenizer`).
+    """
+    from mlxcel.engine.grammar import get_grammar_backend, schema_from_response_format
+
+    try:
+        schema = schema_from_response_format(response_format, native=native)
+    except (InvalidRequestError, ValueError) as exc:
+        raise bad_request(str(exc)) from None
+    if schema is None:
+        return None
+    tokenizer = state.tokenizer
+    assert tokenizer is not None
+    try:
+        backend = await run_in_threadpool(
+            get_grammar_backend, state.settings.grammar_backend, tokenizer
+        )
+        return await run_in_threadpool(backend.compile_json_schema, schema)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), code=getattr(exc, "code", None)) from None
+    except EngineError as exc:  # the configured grammar engine is not installed
+        raise APIError(500, str(exc), "server_error") from None
