@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.responses import JSONResponse
 
+from mlxcel.engine.chat.tool_calls import detect_format
 from mlxcel.server.errors import RETRY_AFTER_SECONDS
 from mlxcel.server.state import ServerState, get_state
 
@@ -16,8 +17,8 @@ TOOL_CALL_PARSER = "mlxcel"
 
 
 def supports_tools(chat_template: str | None) -> bool:
-    """Whether a chat template renders tool definitions (it reads a `tools` variable)."""
-    return bool(chat_template) and "tools" in str(chat_template)
+    """Whether the server parses tool calls for a chat template (a known format, or tools)."""
+    return detect_format(str(chat_template) if chat_template else None) is not None
 
 
 def health_payload(state: ServerState) -> tuple[int, dict[str, Any]]:

@@ -297,7 +297,7 @@ class TextEngine:
         use_cache = request.cache_prompt and self.prompt_cache is not None
         if use_cache:
             cache, job.cache_n = self.prompt_cache.lookup(prompt)
-        job.detok = self.tokenizer.detokenizer(prompt)
+        job.detok = self.tokenizer.detokenizer(prompt, skip_special=request.skip_special)
         job.stopper = StopMatcher(request.stop) if request.stop else None
         job.loop = LoopDetector(request.loop) if request.loop is not None else None
         if job.max_tokens == 0:

@@ -11,9 +11,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlxcel.engine.prompting import PromptError, chat_tokens
+from mlxcel.engine.chat.messages import strip_think_blocks
+from mlxcel.engine.chat.tool_calls.output import finish_reason
+from mlxcel.engine.prompting import PromptError, render_chat
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
 from mlxcel.server.errors import bad_request, server_busy
+from mlxcel.server.openai_chat.output_plan import OutputPlan, plan_output
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
 from mlxcel.server.openai_common import (
     chat_logprobs,
@@ -172,7 +175,8 @@ class ChatServing:
                 "a forced tool_choice cannot be combined with a json_schema response_format"
             )
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
-        tokens = await self.prompt_tokens(body)
+        tools, prompt_text, tokens = await self._render(body)
+        plan = plan_output(state, tools, prompt_text)
         request = to_generation_request(
             body,
             settings=state.settings,
@@ -184,6 +188,8 @@ class ChatServing:
             logprobs=body.logprobs_count(),
         )
         request.grammar = grammar
+        # Tool-call and reasoning markers are often special tokens: the parser must see them.
+        request.skip_special = not plan.active
         started = time.perf_counter()
         stream = state.client.open(request)  # 400/503 here, before any SSE header
         meta = {
@@ -193,27 +199,37 @@ class ChatServing:
         }
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return event_stream(self._stream(stream, meta, include_usage, started))
-        return await self._complete(stream, meta, raw, started)
+            return event_stream(self._stream(stream, meta, plan, include_usage, started))
+        return await self._complete(stream, meta, plan, raw, started)
 
     async def prompt_tokens(self, body: ChatCompletionRequest) -> list[int]:
         """The templated prompt's token ids (tools and `tool_choice` applied); 400 on errors."""
+        return (await self._render(body))[2]
+
+    async def _render(
+        self, body: ChatCompletionRequest
+    ) -> tuple[list[dict[str, Any]] | None, str, list[int]]:
+        """(tools rendered, prompt text, prompt token ids) of `body`; 400 on errors."""
         state = self.state
-        assert state.tokenizer is not None
+        tokenizer = state.tokenizer
+        assert tokenizer is not None
         tools, directive = _select_tools(body)
+        kwargs = template_kwargs(state, body)
         messages = [_template_message(i, m) for i, m in enumerate(body.messages)]
+        if kwargs.get("preserve_thinking") is not True:
+            messages = strip_think_blocks(messages)
         if directive:
             _add_directive(messages, directive)
+
+        def render() -> tuple[str, list[int]]:
+            text = render_chat(tokenizer, messages, tools=tools, template_kwargs=kwargs)
+            return text, tokenizer.encode(text, add_special=False)
+
         try:
-            return await run_in_threadpool(
-                chat_tokens,
-                state.tokenizer,
-                messages,
-                tools=tools,
-                template_kwargs=template_kwargs(state, body),
-            )
+            text, tokens = await run_in_threadpool(render)
         except PromptError as exc:
             raise bad_request(scrub_paths(str(exc))) from None
+        return tools, text, tokens
 
     async def input_tokens(self, body: ChatCompletionRequest) -> dict[str, Any]:
         """POST /v1/chat/completions/input_tokens: how many prompt tokens `body` would use."""
@@ -223,7 +239,12 @@ class ChatServing:
         return {"input_tokens": len(tokens), "object": "response.input_tokens"}
 
     async def _complete(
-        self, stream: EngineStream, meta: dict[str, Any], raw: Request, started: float
+        self,
+        stream: EngineStream,
+        meta: dict[str, Any],
+        plan: OutputPlan,
+        raw: Request,
+        started: float,
     ) -> Response:
         events = await collect_events(stream, raw)
         if events is None:  # the client is gone; nobody reads this
@@ -233,17 +254,15 @@ class ChatServing:
         record_request(self.state, final, time.perf_counter() - started)
         logprobs: list[TokenLogprob] = [lp for e in events for lp in e.logprobs]
         assert self.state.tokenizer is not None
+        result = plan.parse("".join(e.text for e in events))
         return JSONResponse(
             {
                 **envelope(meta, "chat.completion"),
                 "choices": [
                     {
                         "index": 0,
-                        "message": {
-                            "role": "assistant",
-                            "content": "".join(e.text for e in events),
-                        },
-                        "finish_reason": client_finish_reason(final),
+                        "message": plan.message(result),
+                        "finish_reason": finish_reason(result, client_finish_reason(final)),
                         "logprobs": {"content": chat_logprobs(self.state.tokenizer, logprobs)}
                         if stream.request.logprobs is not None
                         else None,
@@ -275,11 +294,17 @@ class ChatServing:
         )
 
     async def _stream(
-        self, stream: EngineStream, meta: dict[str, Any], include_usage: bool, started: float
+        self,
+        stream: EngineStream,
+        meta: dict[str, Any],
+        plan: OutputPlan,
+        include_usage: bool,
+        started: float,
     ) -> AsyncIterator[str]:
         tokenizer = self.state.tokenizer
         assert tokenizer is not None
         want_logprobs = stream.request.logprobs is not None
+        out = plan.stream(meta["id"])
         try:
             yield self._chunk(meta, {"role": "assistant"})
             final: GenerationEvent | None = None
@@ -292,17 +317,27 @@ class ChatServing:
                     if want_logprobs and event.logprobs
                     else None
                 )
-                if event.text or logprobs:
-                    yield self._chunk(meta, {"content": event.text}, logprobs=logprobs)
+                pieces = out.feed(event.text) if event.text else []
+                if logprobs is not None:
+                    # One SSE position per generated token: a placeholder when all is held.
+                    first, *rest = pieces or [{"content": ""}]
+                    yield self._chunk(meta, first, logprobs=logprobs)
+                    pieces = rest
+                for piece in pieces:
+                    yield self._chunk(meta, piece)
                 if event.finished:
                     final = event  # the stream ends right after its finishing event
             if final is None:
                 return
-            reason = client_finish_reason(final)
-            if reason != "error":
+            for piece in out.finish():
+                yield self._chunk(meta, piece)
+            engine_reason = client_finish_reason(final)
+            if engine_reason != "error":
                 # Counted once, when generation ends (client-cancelled streams never get here).
                 record_request(self.state, final, time.perf_counter() - started)
-            yield self._chunk(meta, {}, reason)
+            assert out.result is not None
+            last: dict[str, Any] = {"reasoning_only": True} if out.reasoning_only else {}
+            yield self._chunk(meta, last, finish_reason(out.result, engine_reason))
             if include_usage:
                 usage = usage_payload(final.prompt_tokens, final.completion_tokens)
                 yield sse_data(

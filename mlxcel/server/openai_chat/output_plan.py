@@ -1,0 +1,105 @@
+"""How one chat answer's output is split: tool-call format, tools and reasoning markup."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mlxcel.engine.chat.reasoning import ReasoningConfig, detect_reasoning, prompt_opens_reasoning
+from mlxcel.engine.chat.tool_calls import detect_format, get_format
+from mlxcel.engine.chat.tool_calls.base import ParseResult, ToolCallFormat
+from mlxcel.engine.chat.tool_calls.output import (
+    ChatOutputStream,
+    message_fields,
+    parse_chat_output,
+)
+
+if TYPE_CHECKING:
+    from mlxcel.server.state import ServerState
+
+HARMONY = "harmony"
+
+
+@functools.lru_cache(maxsize=8)
+def _template_format(template: str | None) -> str | None:
+    return detect_format(template)
+
+
+@functools.lru_cache(maxsize=8)
+def _template_reasoning(template: str | None) -> ReasoningConfig | None:
+    return detect_reasoning(template)
+
+
+def _template(state: ServerState) -> str | None:
+    return state.tokenizer.chat_template if state.tokenizer is not None else None
+
+
+def format_name(state: ServerState) -> str | None:
+    """The loaded chat template's tool-call format (None: the template has no tools)."""
+    return _template_format(_template(state))
+
+
+def model_reasoning(state: ServerState) -> ReasoningConfig | None:
+    """The template's reasoning markup, unless `--reasoning-format none`."""
+    if state.settings.reasoning_format == "none":
+        return None
+    return _template_reasoning(_template(state))
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """Per request: the parsers its output goes through (both None: plain content)."""
+
+    tool_format: ToolCallFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    reasoning: ReasoningConfig | None = None
+    start_in_reasoning: bool = False
+
+    @property
+    def active(self) -> bool:
+        """True when the output is parsed, so special tokens must be decoded too."""
+        return self.tool_format is not None or self.reasoning is not None
+
+    def stream(self, request_id: str) -> ChatOutputStream:
+        """A streaming splitter for one choice."""
+        return ChatOutputStream(
+            tool_format=self.tool_format,
+            tools=self.tools,
+            reasoning=self.reasoning,
+            start_in_reasoning=self.start_in_reasoning,
+            request_id=request_id,
+        )
+
+    def parse(self, text: str) -> ParseResult:
+        """The whole output, split."""
+        return parse_chat_output(
+            text,
+            tool_format=self.tool_format,
+            tools=self.tools,
+            reasoning=self.reasoning,
+            start_in_reasoning=self.start_in_reasoning,
+        )
+
+    def message(self, result: ParseResult) -> dict[str, Any]:
+        """The non-streamed `message` object of `result`."""
+        return message_fields(result, tool_format=self.tool_format)
+
+
+def plan_output(
+    state: ServerState, tools: list[dict[str, Any]] | None, prompt_text: str
+) -> OutputPlan:
+    """The plan for a request whose rendered prompt is `prompt_text` with `tools` rendered.
+
+    Tool calls are parsed only when tools were rendered, except for Harmony, whose channels
+    always need its own parser.
+    """
+    name = format_name(state)
+    fmt = get_format(name) if name is not None and (tools or name == HARMONY) else None
+    reasoning = model_reasoning(state)
+    return OutputPlan(
+        tool_format=fmt,
+        tools=tools,
+        reasoning=reasoning,
+        start_in_reasoning=prompt_opens_reasoning(prompt_text, reasoning),
+    )
