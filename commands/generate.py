@@ -78,6 +78,12 @@ def generate(
     chat_template_file: str | None = typer.Option(
         None, "--chat-template-file", help="Jinja chat template file."
     ),
+    cpu_dtype: str | None = typer.Option(
+        None,
+        "--cpu-dtype",
+        help="CPU backend: keep quantized weights packed (keep), or dequantize to float32 "
+        "(float32; auto when memory allows).",
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON object instead of streaming."
     ),
@@ -111,6 +117,7 @@ def generate(
         "chat_template_file": chat_template_file,
         "no_chat_template": no_chat_template or None,
         "ignore_eos": ignore_eos or None,
+        "cpu_dtype": cpu_dtype,
     }
     resolved = resolve(profile, cli)
     if settings_actions(resolved, show_settings, save_profile):
@@ -125,7 +132,9 @@ def generate(
     from mlxcel.engine.text.scheduler import TextEngine
 
     template = _read_template(settings.chat_template_file) or settings.chat_template
-    loaded = load_model_or_exit(settings.model, store=settings.model_store)
+    loaded = load_model_or_exit(
+        settings.model, store=settings.model_store, cpu_dtype=settings.cpu_dtype
+    )
     if template:
         loaded.tokenizer.chat_template = template
     tokenizer = loaded.tokenizer

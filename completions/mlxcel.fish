@@ -75,6 +75,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s P
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s f
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s m
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l chat-template-file
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l cpu-dtype
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-allowed-length
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-base
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-multiplier

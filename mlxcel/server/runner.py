@@ -141,7 +141,10 @@ def load_into(state: ServerState) -> None:
         state.embeddings = build_services(settings)
         return
     loaded = load_model(
-        settings.model, store_dir=settings.model_store, chat_template=chat_template_text(settings)
+        settings.model,
+        store_dir=settings.model_store,
+        chat_template=chat_template_text(settings),
+        cpu_dtype=settings.cpu_dtype,
     )
     plan = plan_slots(settings, loaded.info.context_length)
     cache = PromptCache.from_settings(settings)

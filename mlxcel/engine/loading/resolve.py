@@ -23,11 +23,15 @@ def load_model(
     *,
     store_dir: str | None = None,
     chat_template: str | None = None,
+    cpu_dtype: str = "keep",
 ) -> LoadedModel:
     """Load the text model `ref` names; None means the embedded default model.
 
     `ref` may be a `.gguf` file, a local MLX/Hugging Face directory, or a Hugging
     Face repo id found in the local cache. `chat_template` overrides the model's.
+    `cpu_dtype` (CPU backend only): `keep` leaves quantized weights packed; `float32`
+    dequantizes them at load; `auto` does so when the float32 weights fit comfortably in
+    memory (quantized matmuls run several times slower than float32 ones on the CPU).
     """
     if not ref:
         loaded = _load_gguf(default_model_path(), store_dir, source="default")
@@ -45,7 +49,55 @@ def load_model(
     if chat_template is not None:
         loaded.tokenizer.chat_template = chat_template
     _use_float32_on_cpu(loaded.model)
+    if _should_dequantize(loaded, cpu_dtype):
+        _dequantize(loaded.model)
+        loaded.info = _with(loaded.info, quantization=f"{loaded.info.quantization} → float32")
     return loaded
+
+
+def _should_dequantize(loaded: LoadedModel, policy: str) -> bool:
+    import mlx.core as mx
+
+    if policy == "keep" or mx.default_device() != mx.cpu:
+        return False
+    if policy == "float32":
+        return True
+    # auto: float32 weights must take at most a quarter of the machine's memory
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return False
+    return loaded.info.num_parameters * 4 <= total // 4
+
+
+def _dequantize(model: Any) -> None:
+    """Replace every quantized linear/embedding layer by its float32 equivalent."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+
+    replacements = []
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        weight = mx.dequantize(
+            module.weight,
+            module.scales,
+            module.get("biases"),
+            group_size=module.group_size,
+            bits=module.bits,
+        ).astype(mx.float32)
+        if isinstance(module, nn.QuantizedEmbedding):
+            layer: Any = nn.Embedding(weight.shape[0], weight.shape[1])
+        else:
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
+            if "bias" in module:
+                layer.bias = module.bias.astype(mx.float32)
+        layer.weight = weight
+        replacements.append((name, layer))
+    if replacements:
+        model.update_modules(tree_unflatten(replacements))
+        mx.eval(model.parameters())
 
 
 def _use_float32_on_cpu(model: Any) -> None:
