@@ -19,7 +19,8 @@ def _mlx_lm_run(model, tokenizer, prompt: list[int], n: int) -> tuple[float, flo
     from mlx_lm.sample_utils import make_sampler
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-    wrapper = TokenizerWrapper(tokenizer.hf)
+    # No end-of-sequence ids: like mlxcel's `ignore_eos`, so both decode exactly `n` tokens.
+    wrapper = TokenizerWrapper(tokenizer.hf, eos_token_ids=[])
     last = None
     for response in stream_generate(
         model, wrapper, prompt, max_tokens=n, sampler=make_sampler(temp=0.0)

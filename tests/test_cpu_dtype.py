@@ -11,8 +11,7 @@ import numpy as np
 
 def _quantized_layers(model: nn.Module) -> int:
     return sum(
-        isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-        for _, m in model.named_modules()
+        isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()
     )
 
 

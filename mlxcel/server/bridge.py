@@ -1,14 +1,95 @@
-"""Bridge between the engine thread and asyncio handlers."""
+"""Bridge between the engine thread and asyncio handlers.
+
+Events cross threads through one `_Dispatcher` per event loop: the engine thread appends to
+a deque and wakes the loop only when no drain is already pending; with an engine that
+flushes its sinks after each step (`TextEngine`), the events of one decode step (one per
+running stream) cost one loop wake-up instead of one each (a wake-up is a syscall and a
+thread switch, the largest per-token cost of the bridge). Each stream then hands its
+events to its reader through a plain deque and one waiter future; SSE keep-alive pings
+come from one timer per interval (`with_pings`), not from a timeout per event.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
 from mlxcel.server.errors import APIError, bad_request, server_busy
+
+
+class _Dispatcher:
+    """Moves events from the engine thread onto one event loop, one wake-up per burst."""
+
+    __slots__ = ("_loop", "_pending", "_scheduled", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pending: deque[tuple[EngineStream, GenerationEvent]] = deque()
+        self._scheduled = False
+
+    def post(self, stream: EngineStream, event: GenerationEvent) -> None:
+        """Engine thread: queue `event` for `stream` and wake the loop (unless it is due)."""
+        self._pending.append((stream, event))
+        self._wake()
+
+    def hold(self, stream: EngineStream, event: GenerationEvent) -> None:
+        """Engine thread: queue `event` for `stream` until the next `flush`."""
+        self._pending.append((stream, event))
+
+    def flush(self) -> None:
+        """Engine thread: wake the loop for every held event."""
+        if self._pending:
+            self._wake()
+
+    def _wake(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody reads these events any more
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        # Cleared before popping: an event queued from now on is either popped below or
+        # wakes the loop again, so none is left behind.
+        self._scheduled = False
+        pending = self._pending
+        while pending:
+            stream, event = pending.popleft()
+            stream._deliver(event)
+
+
+class _HeldSink:
+    """A stream's sink for engines that flush sinks (`TextEngine.flushes_sinks`): events
+    wait for the engine's `flush()` at the end of its step, so all the streams of one
+    decode step cost a single loop wake-up."""
+
+    __slots__ = ("_stream", "_hold", "flush")
+
+    def __init__(self, stream: EngineStream) -> None:
+        self._stream = stream
+        self._hold = stream._dispatcher.hold
+        self.flush = stream._dispatcher.flush
+
+    def __call__(self, event: GenerationEvent) -> None:
+        self._hold(self._stream, event)
+
+
+_dispatchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Dispatcher] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _dispatcher(loop: asyncio.AbstractEventLoop) -> _Dispatcher:
+    dispatcher = _dispatchers.get(loop)
+    if dispatcher is None:
+        dispatcher = _dispatchers[loop] = _Dispatcher(loop)
+    return dispatcher
 
 
 class EngineStream:
@@ -21,12 +102,38 @@ class EngineStream:
     def __init__(self, engine: Any, request: GenerationRequest) -> None:
         self._engine = engine
         self.request = request
-        self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
+        self._dispatcher = _dispatcher(self._loop)
+        self._events: deque[GenerationEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._wait_started = 0.0
         self._done = False
 
     def _sink(self, event: GenerationEvent) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        """Engine thread: pass `event` on to the loop."""
+        self._dispatcher.post(self, event)
+
+    def _deliver(self, event: GenerationEvent) -> None:
+        """Loop thread: make `event` available to the reader."""
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_event(self) -> GenerationEvent | None:
+        """The next event; None when a keep-alive tick (`with_pings`) ended the wait first."""
+        events = self._events
+        if not events:
+            waiter = self._loop.create_future()
+            self._waiter = waiter
+            self._wait_started = self._loop.time()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+            if not events:
+                return None
+        return events.popleft()
 
     def __aiter__(self) -> AsyncIterator[GenerationEvent]:
         return self._iterate()
@@ -34,12 +141,47 @@ class EngineStream:
     async def _iterate(self) -> AsyncIterator[GenerationEvent]:
         try:
             while True:
-                event = await self._queue.get()
+                event = await self.next_event()
+                if event is None:
+                    continue
                 yield event
                 if event.finished:
                     self._done = True
                     return
         finally:
+            self.close()
+
+    async def with_pings(self, interval: float) -> AsyncIterator[GenerationEvent | None]:
+        """The events, and None whenever `interval` seconds pass without one (SSE pings).
+
+        One timer per interval checks how long the reader has been waiting, instead of a
+        timeout per event.
+        """
+        loop = self._loop
+        timer: asyncio.TimerHandle | None = None
+
+        def tick() -> None:
+            nonlocal timer
+            due = loop.time() + interval
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waited_until = self._wait_started + interval
+                if loop.time() >= waited_until:
+                    waiter.set_result(None)  # a ping: the wait ends without an event
+                else:
+                    due = waited_until
+            timer = loop.call_at(due, tick)
+
+        timer = loop.call_at(loop.time() + interval, tick)
+        try:
+            while True:
+                event = await self.next_event()
+                yield event
+                if event is not None and event.finished:
+                    self._done = True
+                    return
+        finally:
+            timer.cancel()
             self.close()
 
     def close(self) -> None:
@@ -58,8 +200,9 @@ class EngineClient:
     def open(self, request: GenerationRequest) -> EngineStream:
         """Submit `request` now (raising APIError on 400/503) and return its stream."""
         stream = EngineStream(self.engine, request)
+        held = getattr(self.engine, "flushes_sinks", False)
         try:
-            self.engine.submit(request, stream._sink)
+            self.engine.submit(request, _HeldSink(stream) if held else stream._sink)
         except QueueFullError as exc:
             raise server_busy() from exc
         except ContextLengthError as exc:

@@ -98,15 +98,26 @@ class SamplingFields(BaseModel):
             raise bad_request(f"n: only n=1 is supported, not {self.n}")
 
     def check_constraints(self) -> None:
-        """llama-server's `grammar` and `json_schema` fields are refused (400), never ignored:
-        ignoring them would silently return unconstrained text."""
-        extra = self.model_extra or {}
-        grammar = extra.get("grammar")
+        """llama-server's GBNF `grammar` field is refused (400), never ignored: ignoring it
+        would silently return unconstrained text."""
+        grammar = (self.model_extra or {}).get("grammar")
         if grammar is not None and grammar != "":
             raise bad_request("grammar: GBNF grammars are not supported by this server")
-        schema = extra.get("json_schema")
-        if schema is not None and schema != {}:
-            raise bad_request("json_schema: constrained decoding is not supported by this server")
+
+    def llama_json_schema(self) -> Any:
+        """llama-server's top-level `json_schema` field (None when absent or empty)."""
+        schema = (self.model_extra or {}).get("json_schema")
+        return None if schema is None or schema == {} else schema
+
+    def with_json_schema(self, response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+        """`response_format`, or llama-server's `json_schema` field as the equivalent
+        `json_schema` response format when `response_format` asks for plain text."""
+        schema = self.llama_json_schema()
+        if schema is None:
+            return response_format
+        if response_format is not None and response_format.get("type", "text") != "text":
+            raise bad_request("send either response_format or json_schema, not both")
+        return {"type": "json_schema", "json_schema": {"schema": schema}}
 
 
 def parse_priority(value: str | None) -> Priority:

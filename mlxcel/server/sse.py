@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterable, AsyncIterator
+import secrets
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from json.encoder import encode_basestring as _encode_string  # what dumps() uses for str
 from typing import Any, TypeVar
 
 from starlette.responses import StreamingResponse
@@ -35,13 +37,44 @@ def sse_data(payload: Any) -> str:
     return f"data: {dumps(payload)}\n\n"
 
 
-async def with_keepalive(source: AsyncIterable[T], interval: float) -> AsyncIterator[T | None]:
+def sse_template(build: Callable[[str], str]) -> Callable[[str], str]:
+    """A fast equivalent of `build(text)` for events that differ only in one string.
+
+    `build` must encode `text` once, as a JSON string, through `sse_data`/`dumps` (e.g. one
+    content delta of a stream). It is called once with a random marker; the returned
+    function then only JSON-escapes each `text` between the two constant halves, giving
+    the same bytes as `build(text)` for a fraction of the cost. Falls back to `build`
+    when the marker does not appear exactly once.
+    """
+    marker = dumps(f"\x00{secrets.token_hex(8)}\x00")
+    parts = build(json.loads(marker)).split(marker)
+    if len(parts) != 2:
+        return build
+    head, tail = parts
+
+    def render(text: str) -> str:
+        return head + _encode_string(text) + tail
+
+    return render
+
+
+def with_keepalive(source: AsyncIterable[T], interval: float) -> AsyncIterator[T | None]:
     """Yield the items of `source`, and None whenever `interval` seconds pass without one.
 
     `interval` <= 0 turns pings off. The pending read is never cancelled by a ping, so the
     source sees no spurious cancellation; it is cancelled (and the source closed) when the
-    consumer stops early.
+    consumer stops early. A source with its own `with_pings(interval)` (the engine bridge's
+    streams) is used directly: no wrapper and no task per item.
     """
+    if interval > 0:
+        with_pings = getattr(source, "with_pings", None)
+        if with_pings is not None:
+            pinged: AsyncIterator[T | None] = with_pings(interval)
+            return pinged
+    return _keepalive(source, interval)
+
+
+async def _keepalive(source: AsyncIterable[T], interval: float) -> AsyncIterator[T | None]:
     iterator = aiter(source)
     if interval <= 0:
         async for item in iterator:

@@ -31,6 +31,10 @@ from mlxcel.engine.text.request import (
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[GenerationEvent], None]
+"""Receives a request's events on the engine thread. A sink may also have a `flush()`
+method: the engine then calls it once after each loop iteration in which the sink got
+events (see `TextEngine.flushes_sinks`), so a sink can hold events and wake its reader
+once per decode step instead of once per event."""
 
 
 @dataclass
@@ -92,10 +96,14 @@ class _Job:
     stopper: Any = None
     loop: Any = None
     finished: bool = False
+    flush: Callable[[], None] | None = None  # the sink's `flush`, if it has one
 
 
 class TextEngine:
     """Continuous-batching generation over one loaded model."""
+
+    flushes_sinks = True
+    """Sinks with a `flush()` get it called after each iteration that gave them events."""
 
     def __init__(
         self,
@@ -130,6 +138,7 @@ class TextEngine:
         self._eos_stops: Any = None
         self._no_stops: Any = None
         self._seen: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
+        self._to_flush: set[Callable[[], None]] = set()  # engine thread only
 
     # ---------------------------------------------------------------- public API
 
@@ -173,6 +182,7 @@ class TextEngine:
         """Queue `request`; its events go to `sink` (called on the engine thread)."""
         budget = self.check(request)
         job = _Job(request=request, sink=sink, max_tokens=budget)
+        job.flush = getattr(sink, "flush", None)
         with self._cond:
             if self._stopping:
                 raise QueueFullError("the engine is shutting down")
@@ -236,6 +246,7 @@ class TextEngine:
         try:
             self._loop()
         finally:
+            self._flush_sinks()
             # This thread's MLX streams must go before it ends, or MLX 0.32 can abort
             # in its teardown at exit ("terminate called without an active exception").
             mx.clear_streams()
@@ -243,6 +254,7 @@ class TextEngine:
     def _loop(self) -> None:
         generator = self._new_generator()
         while True:
+            self._flush_sinks()  # the last iteration's events go out before any wait
             with self._cond:
                 while not self._stopping and not self._pending and not self._running:
                     if self._cancelled:
@@ -428,7 +440,20 @@ class TextEngine:
             top = tuple(sorted(zip(ids, vals, strict=True), key=lambda p: -p[1]))
         return (TokenLogprob(token, float(row[token].item()), top),)
 
+    def _flush_sinks(self) -> None:
+        """Call `flush()` once on every sink that got events since the last call."""
+        if not self._to_flush:
+            return
+        flushes, self._to_flush = self._to_flush, set()
+        for flush in flushes:
+            try:
+                flush()
+            except Exception:  # a sink's failure must not stop the engine
+                log.exception("event sink flush failed")
+
     def _emit(self, job: _Job, text: str, token: int, logprobs: tuple[TokenLogprob, ...]) -> None:
+        if job.flush is not None:
+            self._to_flush.add(job.flush)
         job.sink(
             GenerationEvent(
                 request_id=job.request.request_id,
@@ -476,6 +501,8 @@ class TextEngine:
                 c.n_tokens_max = max(
                     c.n_tokens_max, len(job.request.prompt_tokens) + job.n_generated
                 )
+        if job.flush is not None:
+            self._to_flush.add(job.flush)
         job.sink(
             GenerationEvent(
                 request_id=job.request.request_id,

@@ -15,7 +15,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlxcel.engine.prompting import PromptError, render_chat
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
 from mlxcel.server.errors import APIError, bad_request, server_busy
 from mlxcel.server.llama_native.protocol import (
@@ -417,25 +416,12 @@ class NativeServing:
         return {"content": text}
 
     async def apply_template(self, body: ChatCompletionRequest) -> dict[str, Any]:
-        """POST /apply-template: the chat prompt the model would see, as text."""
-        from mlxcel.server.openai_chat import serving as chat
+        """POST /apply-template: the chat prompt the model would see, as text (the same
+        rendering as the chat route: tools, assistant prefill, generation prompt)."""
+        from mlxcel.server.openai_chat.serving import ChatServing
 
-        tokenizer = self.tokenizer
-        tools, directive = chat._select_tools(body)
-        messages = [chat._template_message(i, m) for i, m in enumerate(body.messages)]
-        if directive:
-            chat._add_directive(messages, directive)
-        try:
-            prompt = await run_in_threadpool(
-                render_chat,
-                tokenizer,
-                messages,
-                tools=tools,
-                template_kwargs=chat.template_kwargs(self.state, body),
-            )
-        except PromptError as exc:
-            raise bad_request(scrub_paths(str(exc))) from None
-        return {"prompt": prompt}
+        self.tokenizer  # noqa: B018 -- 503 while the model loads
+        return {"prompt": await ChatServing(self.state).prompt_text(body)}
 
 
 def _logprobs_wanted(body: NativeCompletionRequest) -> int | None:

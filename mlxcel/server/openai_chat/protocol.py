@@ -45,6 +45,10 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # llama-server / vLLM rendering switches: no generation prompt, or continue the final
+    # assistant message (a trailing assistant message is continued by default).
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
 
     def token_limit(self) -> int | None:
         """`max_completion_tokens`, else `max_tokens` (None: the server default)."""

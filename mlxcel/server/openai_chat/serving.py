@@ -32,7 +32,14 @@ from mlxcel.server.openai_common import (
     usage_payload,
 )
 from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
-from mlxcel.server.sse import SSE_DONE, SSE_PING, event_stream, sse_data, with_keepalive
+from mlxcel.server.sse import (
+    SSE_DONE,
+    SSE_PING,
+    event_stream,
+    sse_data,
+    sse_template,
+    with_keepalive,
+)
 from mlxcel.server.structured import compile_response_format
 
 if TYPE_CHECKING:
@@ -134,6 +141,38 @@ def _add_directive(messages: list[dict[str, Any]], directive: str) -> None:
     messages.insert(0, {"role": "system", "content": directive})
 
 
+def assistant_prefill(
+    body: ChatCompletionRequest, messages: list[dict[str, Any]]
+) -> tuple[bool, str | None]:
+    """(add_generation_prompt, prefill text) for rendering `messages`.
+
+    As llama-server: a trailing assistant message (text, no tool calls) is a prefill the
+    model continues: it is taken off `messages`, the rest is rendered with the generation
+    prompt and its text is appended. `continue_final_message` (vLLM) asks for the same and
+    400s without a final assistant message; `add_generation_prompt: false` renders the
+    messages as they are. Two trailing assistant messages, or both switches set, are 400.
+    """
+    wants_prompt = body.add_generation_prompt
+    if body.continue_final_message and wants_prompt:
+        raise bad_request("add_generation_prompt and continue_final_message cannot both be true")
+    last = messages[-1] if messages else None
+    continues = (
+        last is not None
+        and last["role"] == "assistant"
+        and not last.get("tool_calls")
+        and (body.continue_final_message or wants_prompt is not False)
+    )
+    if body.continue_final_message and not continues:
+        raise bad_request("continue_final_message needs a final assistant message to continue")
+    if not continues:
+        return wants_prompt is not False, None
+    if len(messages) > 1 and messages[-2]["role"] == "assistant":
+        raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
+    assert last is not None
+    messages.pop()
+    return True, str(last["content"])
+
+
 def _forced_tool_choice(tool_choice: Any) -> bool:
     """`required` or a named function: choices that would need their own grammar."""
     return tool_choice == "required" or isinstance(tool_choice, dict)
@@ -169,7 +208,7 @@ class ChatServing:
         state = self.state
         assert state.client is not None and state.tokenizer is not None
         body.check_n()
-        grammar = await compile_response_format(state, body.response_format)
+        grammar = await compile_response_format(state, body.with_json_schema(body.response_format))
         if grammar is not None and _forced_tool_choice(body.tool_choice):
             raise bad_request(
                 "a forced tool_choice cannot be combined with a json_schema response_format"
@@ -202,6 +241,10 @@ class ChatServing:
             return event_stream(self._stream(stream, meta, plan, include_usage, started))
         return await self._complete(stream, meta, plan, raw, started)
 
+    async def prompt_text(self, body: ChatCompletionRequest) -> str:
+        """The templated prompt as text (what POST /apply-template answers); 400 on errors."""
+        return (await self._render(body))[1]
+
     async def prompt_tokens(self, body: ChatCompletionRequest) -> list[int]:
         """The templated prompt's token ids (tools and `tool_choice` applied); 400 on errors."""
         return (await self._render(body))[2]
@@ -220,9 +263,18 @@ class ChatServing:
             messages = strip_think_blocks(messages)
         if directive:
             _add_directive(messages, directive)
+        generation_prompt, prefill = assistant_prefill(body, messages)
 
         def render() -> tuple[str, list[int]]:
-            text = render_chat(tokenizer, messages, tools=tools, template_kwargs=kwargs)
+            text = render_chat(
+                tokenizer,
+                messages,
+                add_generation_prompt=generation_prompt,
+                tools=tools,
+                template_kwargs=kwargs,
+            )
+            if prefill:
+                text += prefill
             return text, tokenizer.encode(text, add_special=False)
 
         try:
@@ -305,6 +357,7 @@ class ChatServing:
         assert tokenizer is not None
         want_logprobs = stream.request.logprobs is not None
         out = plan.stream(meta["id"])
+        content_chunk = sse_template(lambda text: self._chunk(meta, {"content": text}))
         try:
             yield self._chunk(meta, {"role": "assistant"})
             final: GenerationEvent | None = None
@@ -324,7 +377,8 @@ class ChatServing:
                     yield self._chunk(meta, first, logprobs=logprobs)
                     pieces = rest
                 for piece in pieces:
-                    yield self._chunk(meta, piece)
+                    text = piece.get("content") if len(piece) == 1 else None
+                    yield content_chunk(text) if type(text) is str else self._chunk(meta, piece)
                 if event.finished:
                     final = event  # the stream ends right after its finishing event
             if final is None:

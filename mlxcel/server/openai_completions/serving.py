@@ -26,7 +26,14 @@ from mlxcel.server.openai_common import (
 )
 from mlxcel.server.openai_completions.protocol import CompletionRequest
 from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
-from mlxcel.server.sse import SSE_DONE, SSE_PING, event_stream, sse_data, with_keepalive
+from mlxcel.server.sse import (
+    SSE_DONE,
+    SSE_PING,
+    event_stream,
+    sse_data,
+    sse_template,
+    with_keepalive,
+)
 from mlxcel.server.structured import compile_response_format
 
 if TYPE_CHECKING:
@@ -86,7 +93,7 @@ class CompletionServing:
             raise bad_request(f"best_of: only best_of=1 is supported, not {body.best_of}")
         if body.suffix:
             raise bad_request("suffix is not supported; use POST /infill for fill-in-the-middle")
-        grammar = await compile_response_format(state, body.response_format)
+        grammar = await compile_response_format(state, body.with_json_schema(body.response_format))
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
         tokenizer = state.tokenizer
         tokens = await run_in_threadpool(prompt_tokens, tokenizer, body.prompt)
@@ -179,6 +186,7 @@ class CompletionServing:
         assert tokenizer is not None
         want_logprobs = stream.request.logprobs is not None
         offset = len(echo)
+        text_chunk = sse_template(lambda text: self._chunk(meta, text))
         try:
             if echo:
                 yield self._chunk(meta, echo)
@@ -191,7 +199,12 @@ class CompletionServing:
                 if want_logprobs and event.logprobs:
                     logprobs = completion_logprobs(tokenizer, list(event.logprobs), offset)
                 if event.text or logprobs:
-                    yield self._chunk(meta, event.text, logprobs=logprobs)
+                    chunk = (
+                        text_chunk(event.text)
+                        if logprobs is None
+                        else self._chunk(meta, event.text, logprobs=logprobs)
+                    )
+                    yield chunk
                     offset += len(event.text)
                 if event.finished:
                     final = event  # the stream ends right after its finishing event
