@@ -527,17 +527,22 @@ def test_worker_queue_is_bounded() -> None:
 def test_worker_timeout_stops_the_job() -> None:
     worker, release = _blocking_worker(timeout=0.2)
     stopped = threading.Event()
+    caller_saw_timeout = threading.Event()
 
     def slow(_models: AudioModels, should_stop: Callable[[], bool]) -> str:
         deadline = time.monotonic() + 60
         while not should_stop() and time.monotonic() < deadline:
             time.sleep(0.01)
         stopped.set()
+        # On a loaded machine the job may start after its deadline and see should_stop()
+        # at once: never finish before the caller has had its timeout.
+        caller_saw_timeout.wait(30)
         return "late"
 
     try:
         with pytest.raises(WorkerTimeoutError, match="timed out after 0.2 s"):
             asyncio.run(worker.run(slow))
+        caller_saw_timeout.set()
         assert stopped.wait(5), "the running job was not told to stop"
     finally:
         worker.stop()
