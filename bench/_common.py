@@ -79,7 +79,7 @@ def bench_model(out_dir: Path | None = None, dims: dict[str, int] | None = None)
     dims = dims or BENCH_DIMS
     tag = "-".join(f"{v}" for v in dims.values())
     out_dir = out_dir or BENCH_DIR / f"llama-{tag}"
-    if not (out_dir / "model.safetensors").is_file():
+    if not (out_dir / "generation_config.json").is_file():  # the last file the builder writes
         sys.path.insert(0, str(ROOT / "tests"))
         from fixtures.tiny_models import build_tiny_model
 
@@ -231,7 +231,7 @@ class StreamResult:
     """One streamed request: times are `time.perf_counter()` seconds."""
 
     sent: float
-    first: float  # first content chunk
+    first: float  # first content chunk (the finishing chunk when there was no content)
     last: float  # last content chunk
     tokens: int  # completion tokens (usage), else content chunks
     text: str
@@ -276,6 +276,8 @@ async def stream_chat(
                     last = now
                     chunks += 1
                     parts.append(piece)
+                elif choice.get("finish_reason") and not first:  # no text at all: time the end
+                    first = last = time.perf_counter()
     return StreamResult(sent, first or sent, last or sent, usage_tokens or chunks, "".join(parts))
 
 
