@@ -160,6 +160,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l context-shift
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l control-vector
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l control-vector-layer-range
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l control-vector-scaled
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l conversation-store-max-entries
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l conversation-store-ttl-secs
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-credentials
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-headers
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l cors-methods
@@ -397,6 +399,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l repeat-penalty
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l rerank
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reranker-model
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reranking
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l responses-store-max-entries
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l responses-store-ttl-secs
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reuse-port
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reverse-prompt
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l rope-freq-base

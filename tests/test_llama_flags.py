@@ -98,9 +98,9 @@ PINNED = {
     " --control-vector-layer-range --grammar --grammar-file -j -jf --mirostat --rope-scaling"
     " --rope-scale --rope-freq-base --rope-freq-scale --yarn-orig-ctx --yarn-ext-factor -mu -hf"
     " -hff -dr --override-kv --models-dir --models-preset -mm -mmu --tools --mcp-servers-config"
-    " --mcp-servers-json --agent -md --spec-type --samplers -l --top-nsigma --typical"
+    " --mcp-servers-json --agent --samplers -l --top-nsigma --typical"
     " --gpt-oss-20b-default",
-    Status.SUPPORTED: "-m -c -n -b -ub -np --port --host --api-key --api-key-file --metrics"
+    Status.SUPPORTED: "-md --spec-type --spec-draft-n-max -m -c -n -b -ub -np --port --host --api-key --api-key-file --metrics"
     " --slots --props --cache-prompt -cram --temp --top-k --top-p --min-p -s --seed --jinja"
     " --chat-template --chat-template-kwargs -a -to --embedding --rerank --pooling --warmup"
     " --max-queue-depth --max-body-size --metrics-port -P --cpu-dtype --grammar-backend"
@@ -196,6 +196,14 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "tts_model": ("kokoro", "kokoro"),
     "audio_queue_depth": ("4", 4),
     "audio_timeout": ("30", 30.0),
+    "responses_store_max_entries": ("0", 0),
+    "responses_store_ttl_secs": ("5", 5),
+    "conversation_store_max_entries": ("7", 7),
+    "conversation_store_ttl_secs": ("9", 9),
+    "spec_type": ("ngram-simple", "ngram-simple"),
+    "spec_draft_model": ("draft.gguf", "draft.gguf"),
+    "spec_draft_n_max": ("8", 8),
+    "spec_draft_n_min": ("2", 2),
 }
 
 
@@ -341,10 +349,8 @@ def test_api_key_file_keys_are_read(tmp_path: Path) -> None:
 
 
 def test_refused_rows_accept_their_harmless_forms() -> None:
-    out = parse_serve_args(
-        ["--mirostat", "0", "--no-context-shift", "--rope-scaling", "none", "--spec-type", "none"]
-    )
-    assert out.cli == {} and len(out.warnings) == 4
+    out = parse_serve_args(["--mirostat", "0", "--no-context-shift", "--rope-scaling", "none"])
+    assert out.cli == {} and len(out.warnings) == 3
     for argv in (["--mirostat", "2"], ["--context-shift"], ["--rope-scaling", "yarn"]):
         with pytest.raises(SettingsError):
             parse_serve_args(argv)

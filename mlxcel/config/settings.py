@@ -150,6 +150,33 @@ class Settings(BaseModel):
         group="chat",
         ge=-1,
     )
+    spec_type: Literal["none", "ngram-simple", "draft-simple"] = _f(
+        "none",
+        "Speculative decoding: none, ngram-simple (prompt lookup), draft-simple (draft model)",
+        env="LLAMA_ARG_SPEC_TYPE",
+        group="sampling",
+    )
+    spec_draft_model: str | None = _f(
+        None,
+        "Draft model for speculative decoding (implies --spec-type draft-simple)",
+        env="LLAMA_ARG_SPEC_DRAFT_MODEL",
+        group="model",
+    )
+    spec_draft_n_max: int = _f(
+        3,
+        "Most tokens drafted per verify round",
+        env="LLAMA_ARG_SPEC_DRAFT_N_MAX",
+        group="sampling",
+        ge=1,
+        le=64,
+    )
+    spec_draft_n_min: int = _f(
+        0,
+        "Fewest drafted tokens worth a verify round",
+        env="LLAMA_ARG_SPEC_DRAFT_N_MIN",
+        group="sampling",
+        ge=0,
+    )
     special: bool = _f(False, "Output special tokens", env="MLXCEL_SPECIAL", group="chat")
 
     # --- sampling ----------------------------------------------------------------------
@@ -315,6 +342,34 @@ class Settings(BaseModel):
         "Directory that file:// media may be read from",
         env="MLXCEL_MEDIA_PATH",
         group="server",
+    )
+    responses_store_max_entries: int = _f(
+        1024,
+        "Stored /v1/responses answers (0 = no storing)",
+        env="LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES",
+        group="server",
+        ge=0,
+    )
+    responses_store_ttl_secs: int = _f(
+        3600,
+        "Seconds a stored response is kept",
+        env="LLAMA_ARG_RESPONSES_STORE_TTL_SECS",
+        group="server",
+        ge=0,
+    )
+    conversation_store_max_entries: int = _f(
+        256,
+        "Stored Responses conversations (0 = no storing)",
+        env="LLAMA_ARG_CONVERSATION_STORE_MAX_ENTRIES",
+        group="server",
+        ge=0,
+    )
+    conversation_store_ttl_secs: int = _f(
+        3600,
+        "Seconds a stored conversation is kept",
+        env="LLAMA_ARG_CONVERSATION_STORE_TTL_SECS",
+        group="server",
+        ge=0,
     )
     max_queue_depth: int = _f(
         64, "Waiting requests before 503", env="MLXCEL_MAX_QUEUE_DEPTH", group="server", ge=0

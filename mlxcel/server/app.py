@@ -31,6 +31,7 @@ def _split(value: str) -> list[str]:
 
 
 def _routers() -> list[APIRouter]:
+    from mlxcel.server.anthropic_messages.routes import router as messages_router
     from mlxcel.server.audio import router as audio_router
     from mlxcel.server.embeddings.routes import router as embeddings_router
     from mlxcel.server.health import router as health_router
@@ -38,6 +39,7 @@ def _routers() -> list[APIRouter]:
     from mlxcel.server.models_route import router as models_router
     from mlxcel.server.openai_chat.routes import router as chat_router
     from mlxcel.server.openai_completions.routes import router as completions_router
+    from mlxcel.server.openai_responses.routes import router as responses_router
     from mlxcel.server.ops.routes import router as ops_router
     from mlxcel.server.rerank.routes import router as rerank_router
 
@@ -46,6 +48,8 @@ def _routers() -> list[APIRouter]:
         models_router,
         chat_router,
         completions_router,
+        responses_router,
+        messages_router,
         native_router,
         ops_router,
         embeddings_router,

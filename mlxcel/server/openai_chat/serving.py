@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
@@ -45,6 +46,17 @@ from mlxcel.server.structured import compile_response_format
 if TYPE_CHECKING:
     from mlxcel.server.bridge import EngineStream
     from mlxcel.server.state import ServerState
+
+
+@dataclass
+class ChatJob:
+    """An admitted chat request: its engine stream and the parsers its output goes through."""
+
+    stream: EngineStream
+    plan: OutputPlan
+    started: float
+    prompt_tokens: int
+
 
 REQUIRED_TOOL_DIRECTIVE = "You must call at least one of the provided functions."
 NAMED_TOOL_DIRECTIVE = "You must call the function `{name}`."
@@ -203,8 +215,14 @@ class ChatServing:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
-        """Answer one request: JSON, or an SSE stream once admission succeeded."""
+    async def start(self, body: ChatCompletionRequest, raw: Request) -> ChatJob:
+        """Validate, render and admit `body`: the engine job and how to read its output.
+
+        Every 400 and 503 is raised here, before a response (or SSE header) is sent. The
+        Responses and Anthropic Messages routes translate their bodies into a chat request
+        and share this path, so tools, tool_choice, structured output and reasoning behave
+        the same on all three.
+        """
         state = self.state
         assert state.client is not None and state.tokenizer is not None
         body.check_n()
@@ -231,15 +249,22 @@ class ChatServing:
         request.skip_special = not plan.active
         started = time.perf_counter()
         stream = state.client.open(request)  # 400/503 here, before any SSE header
+        return ChatJob(stream=stream, plan=plan, started=started, prompt_tokens=len(tokens))
+
+    async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
+        """Answer one request: JSON, or an SSE stream once admission succeeded."""
+        job = await self.start(body, raw)
         meta = {
             "id": new_id("chatcmpl-"),
             "created": now(),
-            "model": reported_model(state, body.model),
+            "model": reported_model(self.state, body.model),
         }
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return event_stream(self._stream(stream, meta, plan, include_usage, started))
-        return await self._complete(stream, meta, plan, raw, started)
+            return event_stream(
+                self._stream(job.stream, meta, job.plan, include_usage, job.started)
+            )
+        return await self._complete(job.stream, meta, job.plan, raw, job.started)
 
     async def prompt_text(self, body: ChatCompletionRequest) -> str:
         """The templated prompt as text (what POST /apply-template answers); 400 on errors."""

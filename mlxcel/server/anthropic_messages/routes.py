@@ -1,0 +1,7 @@
+"""Routes (filled in by the feature work)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,1 @@
+"""OpenAI Responses API: /v1/responses and its store, compaction and SSE events."""
