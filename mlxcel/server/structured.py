@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -9,6 +10,8 @@ from starlette.concurrency import run_in_threadpool
 from mlxcel.engine.errors import EngineError, InvalidRequestError
 from mlxcel.server.errors import APIError, bad_request
 from mlxcel.server.state import ServerState
+
+log = logging.getLogger(__name__)
 
 
 async def compile_response_format(
@@ -38,3 +41,41 @@ async def compile_response_format(
         raise bad_request(str(exc), code=getattr(exc, "code", None)) from None
     except EngineError as exc:  # the configured grammar engine is not installed
         raise APIError(500, str(exc), "server_error") from None
+
+
+async def compile_tool_choice(
+    state: ServerState,
+    format_name: str | None,
+    tools: list[dict[str, Any]] | None,
+    *,
+    reasoning_close: str | None = None,
+    max_calls: int = 8,
+) -> Any:
+    """The grammar enforcing a forced `tool_choice`, or None (instruction only).
+
+    Formats without a JSON wire form, tokenizers or backends that cannot express it, and
+    tool schemas the engine rejects all give None: forcing is then left to the directive.
+    """
+    from mlxcel.engine.grammar import get_grammar_backend
+    from mlxcel.engine.grammar.tool_calls import WIRES, special_token_lookup, tool_call_grammar
+
+    tokenizer = state.tokenizer
+    if tokenizer is None or not tools or (format_name or "") not in WIRES:
+        return None
+
+    def build() -> Any:
+        try:
+            backend = get_grammar_backend(state.settings.grammar_backend, tokenizer)
+        except (InvalidRequestError, EngineError) as exc:
+            log.warning("forced tool_choice: no call grammar (%s); instruction only", exc)
+            return None
+        return tool_call_grammar(
+            backend,
+            format_name,
+            tools,
+            special_id=special_token_lookup(tokenizer, backend),
+            reasoning_close=reasoning_close,
+            max_calls=max_calls,
+        )
+
+    return await run_in_threadpool(build)

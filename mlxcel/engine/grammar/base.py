@@ -20,7 +20,7 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +121,29 @@ class GrammarBackend(ABC):
         Raises `SchemaTooLarge` / `InvalidSchema` (both HTTP 400) with short messages.
         """
         key = canonical_schema(schema, self.limits)
+        return self._cached(key, lambda: self._compile_json_schema(key))
+
+    def compile_lark(self, grammar: str) -> CompiledGrammar:
+        """Compile a Lark grammar (llguidance's dialect; `%json {...}` embeds a schema).
+
+        Only backends with `supports_lark` implement it; the caller checks the embedded
+        schemas against the limits first. Raises `InvalidSchema` when it is rejected.
+        """
+        if not self.supports_lark:
+            raise NotImplementedError(f"the {self.name} backend does not compile Lark grammars")
+        return self._cached("lark:" + grammar, lambda: self._compile_lark(grammar))
+
+    supports_lark: bool = False
+    """True when `compile_lark` works (llguidance); xgrammar has no Lark front end."""
+
+    def _compile_lark(self, grammar: str) -> CompiledGrammar:
+        raise NotImplementedError
+
+    def is_special_token(self, token_id: int) -> bool:
+        """True when `token_id` is a special token (grammar literals cannot spell those)."""
+        return False
+
+    def _cached(self, key: str, build: Callable[[], CompiledGrammar]) -> CompiledGrammar:
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -128,7 +151,7 @@ class GrammarBackend(ABC):
                 self._hits += 1
                 return cached
             self._misses += 1
-        compiled = self._compile_json_schema(key)
+        compiled = build()
         with self._lock:
             self._cache[key] = compiled
             self._cache.move_to_end(key)

@@ -130,6 +130,23 @@ class LLGuidanceBackend(GrammarBackend):
             raise InvalidSchema(f"invalid JSON schema: {short_error(template.get_error())}")
         return LLGuidanceGrammar(self, template)
 
+    supports_lark = True
+
+    def _compile_lark(self, grammar: str) -> LLGuidanceGrammar:
+        matcher_cls = self._llg.LLMatcher
+        try:
+            compiled = matcher_cls.grammar_from_lark(grammar)
+        except (ValueError, TypeError) as exc:
+            raise InvalidSchema(f"invalid grammar: {short_error(exc)}") from None
+        template = matcher_cls(self._tokenizer, compiled, log_level=0, limits=self._parser_limits)
+        if template.is_error():
+            raise InvalidSchema(f"invalid grammar: {short_error(template.get_error())}")
+        return LLGuidanceGrammar(self, template)
+
+    def is_special_token(self, token_id: int) -> bool:
+        """True when `token_id` is a special token (which grammar literals cannot spell)."""
+        return bool(self._tokenizer.is_special_token(int(token_id)))
+
     def fill_masks(
         self, matchers: Sequence[tuple[GrammarMatcher, int]], bitmask: np.ndarray
     ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxcel.engine.chat.messages import strip_think_blocks
+from mlxcel.engine.chat.tool_calls.base import ParseResult
 from mlxcel.engine.chat.tool_calls.output import finish_reason
 from mlxcel.engine.prompting import PromptError, render_chat
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
@@ -41,7 +43,7 @@ from mlxcel.server.sse import (
     sse_template,
     with_keepalive,
 )
-from mlxcel.server.structured import compile_response_format
+from mlxcel.server.structured import compile_response_format, compile_tool_choice
 
 if TYPE_CHECKING:
     from mlxcel.server.bridge import EngineStream
@@ -56,7 +58,18 @@ class ChatJob:
     plan: OutputPlan
     started: float
     prompt_tokens: int
+    forced: bool = False
 
+    def check_forced(self, result: ParseResult) -> None:
+        """Log at warn when a forced tool_choice ended without a call."""
+        if self.forced and not result.calls:
+            log.warning(
+                "request %s: tool_choice forced a call but the model made none",
+                self.stream.request.request_id,
+            )
+
+
+log = logging.getLogger(__name__)
 
 REQUIRED_TOOL_DIRECTIVE = "You must call at least one of the provided functions."
 NAMED_TOOL_DIRECTIVE = "You must call the function `{name}`."
@@ -234,6 +247,19 @@ class ChatServing:
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
         tools, prompt_text, tokens = await self._render(body)
         plan = plan_output(state, tools, prompt_text)
+        forced = _forced_tool_choice(body.tool_choice) and bool(tools)
+        if forced and grammar is None and plan.tool_format is not None:
+            close = plan.reasoning.close_tag if plan.start_in_reasoning and plan.reasoning else None
+            single = isinstance(body.tool_choice, dict) or (
+                (body.model_extra or {}).get("parallel_tool_calls") is False
+            )
+            grammar = await compile_tool_choice(
+                state,
+                plan.tool_format.name,
+                tools,
+                reasoning_close=close,
+                max_calls=1 if single else 8,
+            )
         request = to_generation_request(
             body,
             settings=state.settings,
@@ -249,7 +275,9 @@ class ChatServing:
         request.skip_special = not plan.active
         started = time.perf_counter()
         stream = state.client.open(request)  # 400/503 here, before any SSE header
-        return ChatJob(stream=stream, plan=plan, started=started, prompt_tokens=len(tokens))
+        return ChatJob(
+            stream=stream, plan=plan, started=started, prompt_tokens=len(tokens), forced=forced
+        )
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         """Answer one request: JSON, or an SSE stream once admission succeeded."""
@@ -261,10 +289,8 @@ class ChatServing:
         }
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return event_stream(
-                self._stream(job.stream, meta, job.plan, include_usage, job.started)
-            )
-        return await self._complete(job.stream, meta, job.plan, raw, job.started)
+            return event_stream(self._stream(job, meta, include_usage))
+        return await self._complete(job, meta, raw)
 
     async def prompt_text(self, body: ChatCompletionRequest) -> str:
         """The templated prompt as text (what POST /apply-template answers); 400 on errors."""
@@ -315,14 +341,8 @@ class ChatServing:
         tokens = await self.prompt_tokens(body)
         return {"input_tokens": len(tokens), "object": "response.input_tokens"}
 
-    async def _complete(
-        self,
-        stream: EngineStream,
-        meta: dict[str, Any],
-        plan: OutputPlan,
-        raw: Request,
-        started: float,
-    ) -> Response:
+    async def _complete(self, job: ChatJob, meta: dict[str, Any], raw: Request) -> Response:
+        stream, plan, started = job.stream, job.plan, job.started
         events = await collect_events(stream, raw)
         if events is None:  # the client is gone; nobody reads this
             return Response(status_code=499)
@@ -332,6 +352,7 @@ class ChatServing:
         logprobs: list[TokenLogprob] = [lp for e in events for lp in e.logprobs]
         assert self.state.tokenizer is not None
         result = plan.parse("".join(e.text for e in events))
+        job.check_forced(result)
         return JSONResponse(
             {
                 **envelope(meta, "chat.completion"),
@@ -371,13 +392,9 @@ class ChatServing:
         )
 
     async def _stream(
-        self,
-        stream: EngineStream,
-        meta: dict[str, Any],
-        plan: OutputPlan,
-        include_usage: bool,
-        started: float,
+        self, job: ChatJob, meta: dict[str, Any], include_usage: bool
     ) -> AsyncIterator[str]:
+        stream, plan, started = job.stream, job.plan, job.started
         tokenizer = self.state.tokenizer
         assert tokenizer is not None
         want_logprobs = stream.request.logprobs is not None
@@ -415,6 +432,7 @@ class ChatServing:
                 # Counted once, when generation ends (client-cancelled streams never get here).
                 record_request(self.state, final, time.perf_counter() - started)
             assert out.result is not None
+            job.check_forced(out.result)
             last: dict[str, Any] = {"reasoning_only": True} if out.reasoning_only else {}
             yield self._chunk(meta, last, finish_reason(out.result, engine_reason))
             if include_usage:
