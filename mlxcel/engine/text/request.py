@@ -47,6 +47,7 @@ class GenerationRequest:
     priority: Priority = Priority.NORMAL
     logprobs: int | None = None  # None: off; N >= 0: sampled token + N alternatives
     grammar: Any = None  # a compiled grammar (mlxcel.engine.grammar.CompiledGrammar) or None
+    thinking: Any = None  # a thinking budget (mlxcel.engine.text.thinking_budget) or None
     skip_special: bool = True  # False: special tokens' text is decoded (output parsers)
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 

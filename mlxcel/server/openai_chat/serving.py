@@ -18,6 +18,7 @@ from mlxcel.engine.chat.tool_calls.base import ParseResult
 from mlxcel.engine.chat.tool_calls.output import finish_reason
 from mlxcel.engine.prompting import PromptError, render_chat
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
+from mlxcel.engine.text.thinking_budget import ThinkingBudget
 from mlxcel.server.errors import bad_request, server_busy
 from mlxcel.server.openai_chat.output_plan import OutputPlan, plan_output
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
@@ -203,11 +204,46 @@ def _forced_tool_choice(tool_choice: Any) -> bool:
     return tool_choice == "required" or isinstance(tool_choice, dict)
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "unk_token",
+        "raise_exception",
+        "strftime_now",
+    }
+)
+"""chat_template_kwargs keys that would override what the server renders (400)."""
+
+THINKING_BUDGET_FIELDS = ("thinking_budget_tokens", "thinking_token_budget", "thinking_budget")
+"""Per-request aliases of `--reasoning-budget`, first match wins."""
+
+
+def thinking_budget(state: ServerState, body: ChatCompletionRequest) -> int:
+    """Reasoning tokens allowed (-1: unlimited): the request's alias, else the server's."""
+    sources = [body.model_extra or {}, body.extra_body or {}]
+    for source in sources:
+        for name in THINKING_BUDGET_FIELDS:
+            value = source.get(name)
+            if value is None:
+                continue
+            if type(value) is not int or value < -1:
+                raise bad_request(f"'{name}' must be an integer >= -1 (-1: no limit, 0: off)")
+            return value
+    return int(state.settings.reasoning_budget)
+
+
 def template_kwargs(state: ServerState, body: ChatCompletionRequest) -> dict[str, Any]:
     """Server `--chat-template-kwargs` merged with the request's (the request's keys win).
 
     The request's come from the first form present: `chat_template_kwargs`, then
-    `extra_body.chat_template_kwargs`, then `extra_body.preserve_thinking`.
+    `extra_body.chat_template_kwargs`, then `extra_body.preserve_thinking`. Keys the server
+    renders itself (`messages`, `tools`, special tokens...) are refused with 400. A thinking
+    budget of 0 renders with `enable_thinking: false` unless that key is given.
     """
     nested = body.extra_body or {}
     requested: dict[str, Any] = {}
@@ -219,7 +255,15 @@ def template_kwargs(state: ServerState, body: ChatCompletionRequest) -> dict[str
         requested = {"preserve_thinking": nested["preserve_thinking"]}
     elif isinstance((body.model_extra or {}).get("preserve_thinking"), bool):
         requested = {"preserve_thinking": (body.model_extra or {})["preserve_thinking"]}
-    return {**dict(state.settings.chat_template_kwargs or {}), **requested}
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(requested))
+    if reserved:
+        raise bad_request(
+            f"chat_template_kwargs cannot set {', '.join(reserved)}: the server renders it"
+        )
+    merged = {**dict(state.settings.chat_template_kwargs or {}), **requested}
+    if thinking_budget(state, body) == 0:
+        merged.setdefault("enable_thinking", False)
+    return merged
 
 
 class ChatServing:
@@ -271,6 +315,14 @@ class ChatServing:
             logprobs=body.logprobs_count(),
         )
         request.grammar = grammar
+        budget = thinking_budget(state, body)
+        if budget >= 0 and plan.reasoning is not None and not plan.reasoning.harmony:
+            request.thinking = ThinkingBudget(
+                budget,
+                open_tag=plan.reasoning.open_tag,
+                close_tag=plan.reasoning.close_tag,
+                start_in_reasoning=plan.start_in_reasoning,
+            )
         # Tool-call and reasoning markers are often special tokens: the parser must see them.
         request.skip_special = not plan.active
         started = time.perf_counter()
