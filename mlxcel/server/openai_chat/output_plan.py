@@ -40,9 +40,14 @@ def format_name(state: ServerState) -> str | None:
     return _template_format(_template(state))
 
 
-def model_reasoning(state: ServerState) -> ReasoningConfig | None:
-    """The template's reasoning markup, unless `--reasoning-format none`."""
-    if state.settings.reasoning_format == "none":
+REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")
+
+
+def model_reasoning(
+    state: ServerState, reasoning_format: str | None = None
+) -> ReasoningConfig | None:
+    """The template's reasoning markup, unless the reasoning format is `none`."""
+    if (reasoning_format or state.settings.reasoning_format) == "none":
         return None
     return _template_reasoning(_template(state))
 
@@ -55,6 +60,7 @@ class OutputPlan:
     tools: list[dict[str, Any]] | None = None
     reasoning: ReasoningConfig | None = None
     start_in_reasoning: bool = False
+    reasoning_in_content: bool = False  # deepseek-legacy: think text stays in content too
 
     @property
     def active(self) -> bool:
@@ -62,8 +68,13 @@ class OutputPlan:
         return self.tool_format is not None or self.reasoning is not None
 
     def stream(self, request_id: str) -> ChatOutputStream:
-        """A streaming splitter for one choice."""
-        return ChatOutputStream(
+        """A streaming splitter for one choice.
+
+        With `reasoning_in_content` (deepseek-legacy), reasoning streams as content between
+        its tags instead of as `reasoning_content`.
+        """
+        cls = LegacyReasoningStream if self.reasoning_in_content else ChatOutputStream
+        return cls(
             tool_format=self.tool_format,
             tools=self.tools,
             reasoning=self.reasoning,
@@ -83,11 +94,58 @@ class OutputPlan:
 
     def message(self, result: ParseResult) -> dict[str, Any]:
         """The non-streamed `message` object of `result`."""
-        return message_fields(result, tool_format=self.tool_format)
+        message = message_fields(result, tool_format=self.tool_format)
+        if self.reasoning_in_content and result.reasoning and self.reasoning is not None:
+            block = f"{self.reasoning.open_tag}{result.reasoning}{self.reasoning.close_tag}"
+            message["content"] = block + (message.get("content") or "")
+            message.pop("reasoning_only", None)
+        return message
+
+
+class LegacyReasoningStream(ChatOutputStream):
+    """deepseek-legacy streaming: reasoning deltas become content wrapped in its tags."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        config = kwargs.get("reasoning") or ReasoningConfig()
+        self._open, self._close = config.open_tag, config.close_tag
+        self._in_reasoning = False
+
+    def _legacy(self, pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for piece in pieces:
+            if "reasoning_content" in piece:
+                text = piece["reasoning_content"]
+                if not self._in_reasoning:
+                    text, self._in_reasoning = self._open + text, True
+                out.append({"content": text})
+                continue
+            if self._in_reasoning:
+                self._in_reasoning = False
+                out.append({"content": self._close})
+            out.append(piece)
+        return out
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        return self._legacy(super().feed(text))
+
+    def finish(self) -> list[dict[str, Any]]:
+        pieces = self._legacy(super().finish())
+        if self._in_reasoning:
+            self._in_reasoning = False
+            pieces.append({"content": self._close})
+        return pieces
+
+    @property
+    def reasoning_only(self) -> bool:
+        return False
 
 
 def plan_output(
-    state: ServerState, tools: list[dict[str, Any]] | None, prompt_text: str
+    state: ServerState,
+    tools: list[dict[str, Any]] | None,
+    prompt_text: str,
+    reasoning_format: str | None = None,
 ) -> OutputPlan:
     """The plan for a request whose rendered prompt is `prompt_text` with `tools` rendered.
 
@@ -96,10 +154,12 @@ def plan_output(
     """
     name = format_name(state)
     fmt = get_format(name) if name is not None and (tools or name == HARMONY) else None
-    reasoning = model_reasoning(state)
+    reasoning = model_reasoning(state, reasoning_format)
+    legacy = (reasoning_format or state.settings.reasoning_format) == "deepseek-legacy"
     return OutputPlan(
         tool_format=fmt,
         tools=tools,
         reasoning=reasoning,
         start_in_reasoning=prompt_opens_reasoning(prompt_text, reasoning),
+        reasoning_in_content=legacy and reasoning is not None and not reasoning.harmony,
     )

@@ -20,7 +20,7 @@ from mlxcel.engine.prompting import PromptError, render_chat
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
 from mlxcel.engine.text.thinking_budget import ThinkingBudget
 from mlxcel.server.errors import bad_request, server_busy
-from mlxcel.server.openai_chat.output_plan import OutputPlan, plan_output
+from mlxcel.server.openai_chat.output_plan import REASONING_FORMATS, OutputPlan, plan_output
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
 from mlxcel.server.openai_common import (
     chat_logprobs,
@@ -223,6 +223,16 @@ THINKING_BUDGET_FIELDS = ("thinking_budget_tokens", "thinking_token_budget", "th
 """Per-request aliases of `--reasoning-budget`, first match wins."""
 
 
+def request_reasoning_format(body: ChatCompletionRequest) -> str | None:
+    """llama-server's per-request `reasoning_format` (None: the server's)."""
+    value = (body.model_extra or {}).get("reasoning_format")
+    if value is None:
+        return None
+    if value not in REASONING_FORMATS:
+        raise bad_request(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}")
+    return str(value)
+
+
 def thinking_budget(state: ServerState, body: ChatCompletionRequest) -> int:
     """Reasoning tokens allowed (-1: unlimited): the request's alias, else the server's."""
     sources = [body.model_extra or {}, body.extra_body or {}]
@@ -290,7 +300,7 @@ class ChatServing:
             )
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
         tools, prompt_text, tokens = await self._render(body)
-        plan = plan_output(state, tools, prompt_text)
+        plan = plan_output(state, tools, prompt_text, request_reasoning_format(body))
         forced = _forced_tool_choice(body.tool_choice) and bool(tools)
         if forced and grammar is None and plan.tool_format is not None:
             close = plan.reasoning.close_tag if plan.start_in_reasoning and plan.reasoning else None
