@@ -97,7 +97,9 @@ def bench(
         config.validate()
     except BenchError as exc:
         fail(str(exc))
-    loaded = load_model_or_exit(settings.model, store=settings.model_store)
+    loaded = load_model_or_exit(
+        settings.model, store=settings.model_store, cpu_dtype=settings.cpu_dtype
+    )
 
     from rich.console import Console
 

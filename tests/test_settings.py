@@ -46,7 +46,7 @@ def test_defaults_follow_llama_server() -> None:
     assert (s.batch_size, s.ubatch_size, s.timeout, s.cache_ram) == (2048, 512, 3600, 8192)
     assert s.cors_methods == "GET, POST, DELETE, OPTIONS"
     assert s.max_body_size == 8 * 1024 * 1024
-    assert (s.cpu_dtype, s.grammar_backend, s.reasoning_format) == ("keep", "llguidance", "auto")
+    assert (s.cpu_dtype, s.grammar_backend, s.reasoning_format) == ("auto", "llguidance", "auto")
     assert s.api_key == [] and s.chat_template_kwargs == {}
 
 

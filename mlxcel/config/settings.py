@@ -75,7 +75,10 @@ class Settings(BaseModel):
         None, "Directory for converted models", env="MLXCEL_MODEL_STORE", group="model"
     )
     cpu_dtype: Literal["auto", "float32", "keep"] = _f(
-        "keep", "Weight dtype on the CPU backend", env="MLXCEL_CPU_DTYPE", group="model"
+        "auto",
+        "Weight dtype on the CPU backend (auto: float32 when it fits)",
+        env="MLXCEL_CPU_DTYPE",
+        group="model",
     )
     warmup: bool = _f(
         True, "Run one warm-up step after loading", env="MLXCEL_WARMUP", group="model"
