@@ -54,7 +54,15 @@ CHAT_AND_COMPLETION_ROUTES = (
     "/completions",
     "/completion",
     "/v1/responses",
+    "/responses",
+    "/v1/responses/input_tokens",
+    "/responses/input_tokens",
+    "/v1/responses/compact",
+    "/responses/compact",
     "/v1/messages",
+    "/messages",
+    "/v1/messages/count_tokens",
+    "/messages/count_tokens",
     "/infill",
 )
 _MIB = 1024 * 1024
