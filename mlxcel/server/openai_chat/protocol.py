@@ -49,6 +49,9 @@ class ChatCompletionRequest(SamplingFields):
     # assistant message (a trailing assistant message is continued by default).
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
+    # False: a trailing assistant message is history and the model starts a new turn
+    # (the Responses and Messages routes); llama-server's default continues it.
+    prefill_assistant: bool = True
 
     def token_limit(self) -> int | None:
         """`max_completion_tokens`, else `max_tokens` (None: the server default)."""

@@ -186,7 +186,7 @@ def assistant_prefill(
         last is not None
         and last["role"] == "assistant"
         and not last.get("tool_calls")
-        and (body.continue_final_message or wants_prompt is not False)
+        and (body.continue_final_message or (wants_prompt is not False and body.prefill_assistant))
     )
     if body.continue_final_message and not continues:
         raise bad_request("continue_final_message needs a final assistant message to continue")

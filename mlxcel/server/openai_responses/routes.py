@@ -1,7 +1,70 @@
-"""Routes (filled in by the feature work)."""
+"""Routes: /v1/responses (create, retrieve, delete, cancel, input_tokens), also without /v1.
+
+POST /v1/responses/compact is not defined here (the compaction module owns it); no route
+here takes a POST on /v1/responses/{one segment}, so that path stays free.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from mlxcel.server.openai_common import parse_body
+from mlxcel.server.openai_responses.protocol import ResponsesRequest
+from mlxcel.server.openai_responses.serving import ResponsesServing
+from mlxcel.server.openai_responses.store import stores_for
+from mlxcel.server.state import ServerState, get_state
 
 router = APIRouter()
+
+
+def serving_for(raw: Request, state: ServerState) -> ResponsesServing:
+    """The Responses serving layer of the app handling `raw` (its stores live on the app)."""
+    return ResponsesServing(state, stores_for(raw.app, state.settings))
+
+
+@router.post("/v1/responses")
+@router.post("/responses")
+async def create_response(raw: Request, state: ServerState = Depends(get_state)) -> Response:
+    """OpenAI Responses create, JSON or typed SSE (`stream: true`)."""
+    body = await parse_body(raw, ResponsesRequest)
+    return await serving_for(raw, state).create(body, raw)
+
+
+@router.post("/v1/responses/input_tokens")
+@router.post("/responses/input_tokens")
+async def count_input_tokens(
+    raw: Request, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """The prompt tokens a create request with this body would use."""
+    body = await parse_body(raw, ResponsesRequest)
+    return await serving_for(raw, state).input_tokens(body)
+
+
+@router.get("/v1/responses/{response_id}")
+@router.get("/responses/{response_id}")
+async def retrieve_response(
+    response_id: str, raw: Request, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """A stored response."""
+    return serving_for(raw, state).retrieve(response_id)
+
+
+@router.delete("/v1/responses/{response_id}")
+@router.delete("/responses/{response_id}")
+async def delete_response(
+    response_id: str, raw: Request, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """Delete a stored response."""
+    return serving_for(raw, state).delete(response_id)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+@router.post("/responses/{response_id}/cancel")
+async def cancel_response(
+    response_id: str, raw: Request, state: ServerState = Depends(get_state)
+) -> dict[str, Any]:
+    """Mark a stored response `cancelled`, stopping it first if it is still generating."""
+    return await serving_for(raw, state).cancel(response_id)

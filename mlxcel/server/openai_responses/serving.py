@@ -1,0 +1,628 @@
+"""OpenAI Responses: a Responses body becomes a chat request; its output becomes items.
+
+A request (plus the stored history of `previous_response_id` or `conversation`) is
+translated into a `ChatCompletionRequest` and admitted through `ChatServing.start`, so
+tools, `tool_choice`, structured output, reasoning and every 400/503 behave exactly as on
+/v1/chat/completions. The chat output deltas go through `OutputAssembler` into output
+items: a JSON response, or typed SSE events.
+
+Reusable pieces (the compaction route and `context_management` build on them):
+`ResponsesServing.chat_request`, `.count_tokens` and `.generate_text`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mlxcel.engine.text.request import GenerationEvent
+from mlxcel.server.errors import APIError, server_busy
+from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
+from mlxcel.server.openai_chat.serving import ChatJob, ChatServing
+from mlxcel.server.openai_common import (
+    check_final,
+    collect_events,
+    new_id,
+    now,
+    record_request,
+    reported_model,
+    scrub_paths,
+)
+from mlxcel.server.openai_responses.events import EventWriter
+from mlxcel.server.openai_responses.items import input_items, invalid_request, items_to_messages
+from mlxcel.server.openai_responses.output import OutputAssembler
+from mlxcel.server.openai_responses.protocol import ResponsesRequest
+from mlxcel.server.openai_responses.store import InFlight, ResponseStores, StoredResponse
+from mlxcel.server.sse import SSE_PING, event_stream, with_keepalive
+
+if TYPE_CHECKING:
+    from mlxcel.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+BUILTIN_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+        "web_search_2025_08_26",
+        "file_search",
+        "computer",
+        "computer_use",
+        "computer_use_preview",
+        "code_interpreter",
+        "image_generation",
+        "mcp",
+        "custom",
+        "apply_patch",
+        "function_shell",
+        "shell",
+        "local_shell",
+        "namespace",
+        "tool_search",
+        "programmatic_tool_calling",
+    }
+)
+"""Hosted tool types: refused with 400 (only `function` tools run here)."""
+
+CANCEL_WAIT_SECONDS = 10.0
+"""How long POST /cancel waits for a generating response to stop."""
+
+STORE_DISABLED = "the response store is disabled (--responses-store-max-entries 0)"
+
+
+def not_found(response_id: str) -> APIError:
+    """404 for a response id that is not (or no longer) stored."""
+    return APIError(
+        404,
+        f"Response with id '{response_id}' not found.",
+        "not_found_error",
+        extra={"param": "response_id"},
+    )
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Responses' flat function tools as chat's nested ones; 400 for hosted tool types."""
+    if not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        kind = tool.get("type")
+        if kind != "function":
+            if kind in BUILTIN_TOOLS:
+                raise invalid_request(
+                    f"{where}: built-in tool type {kind!r} is not supported; "
+                    "only function tools are",
+                    f"{where}.type",
+                )
+            raise invalid_request(f"{where}: unsupported tool type {kind!r}", f"{where}.type")
+        if isinstance(tool.get("function"), dict):  # already the chat shape
+            out.append({"type": "function", "function": dict(tool["function"])})
+            continue
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid_request(f"{where}.name must be a non-empty string", f"{where}.name")
+        function: dict[str, Any] = {"name": name}
+        for key in ("description", "parameters", "strict"):
+            if tool.get(key) is not None:
+                function[key] = tool[key]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _function_name(choice: dict[str, Any]) -> str:
+    name = choice.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid_request("tool_choice must name a function", "tool_choice")
+    return name
+
+
+def chat_tool_choice(
+    choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None
+) -> tuple[str | dict[str, Any] | None, list[dict[str, Any]] | None]:
+    """(chat `tool_choice`, chat tools) for a Responses `tool_choice`.
+
+    `auto`/`none`/`required` map as they are, `{"type": "function", "name"}` to the chat
+    named form; `{"type": "any"}` reads as `required`, `{"type": "tool", "name"}` as a named
+    function, and `{"type": "allowed_tools", "mode", "tools"}` narrows the tools.
+    """
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice, tools
+    if not isinstance(choice, dict):
+        raise invalid_request(
+            "tool_choice must be 'none', 'auto', 'required' or a function object", "tool_choice"
+        )
+    kind = choice.get("type")
+    if kind in ("function", "tool"):
+        return {"type": "function", "function": {"name": _function_name(choice)}}, tools
+    if kind == "any":
+        return "required", tools
+    if kind == "allowed_tools":
+        mode = choice.get("mode", "auto")
+        allowed = choice.get("tools")
+        if mode not in ("auto", "required") or not isinstance(allowed, list):
+            raise invalid_request(
+                "tool_choice allowed_tools needs a mode (auto or required) and a tools list",
+                "tool_choice",
+            )
+        names = {t.get("name") for t in allowed if isinstance(t, dict)}
+        narrowed = [t for t in tools or [] if t["function"].get("name") in names]
+        return mode, narrowed
+    raise invalid_request(f"tool_choice type {kind!r} is not supported", "tool_choice.type")
+
+
+def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` as a chat `response_format` (None for plain text)."""
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise invalid_request("text.format must be an object", "text.format")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_schema":
+        spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": spec}
+    if kind == "json_object":
+        return {"type": "json_object"}
+    raise invalid_request(f"text.format type {kind!r} is not supported", "text.format.type")
+
+
+def conversation_id(value: str | dict[str, Any] | None) -> str | None:
+    """The conversation id of `conversation` (a string, or `{"id": ...}`)."""
+    if value is None:
+        return None
+    ident = value.get("id") if isinstance(value, dict) else value
+    if not isinstance(ident, str) or not ident:
+        raise invalid_request("conversation must be a non-empty id string", "conversation")
+    return ident
+
+
+def check_request(body: ResponsesRequest) -> None:
+    """The 400s of fields this server does not support."""
+    if body.background:
+        raise invalid_request("background responses are not supported", "background")
+    if body.truncation not in (None, "disabled"):
+        raise invalid_request("truncation must be 'disabled'", "truncation")
+    if body.previous_response_id is not None and body.conversation is not None:
+        raise invalid_request(
+            "previous_response_id and conversation cannot be used together",
+            "previous_response_id",
+        )
+
+
+@dataclass
+class Prepared:
+    """A checked request: the chat request it runs as and the items it adds."""
+
+    body: ResponsesRequest
+    chat: ChatCompletionRequest
+    history: list[dict[str, Any]]  # items of the previous response or the conversation
+    items: list[dict[str, Any]]  # this request's input, normalized
+    conversation: str | None
+
+
+@dataclass
+class GeneratedText:
+    """One non-streamed generation over chat messages (`generate_text`)."""
+
+    text: str
+    reasoning: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+class ResponsesServing:
+    """Runs /v1/responses requests; `stores` hold stored responses and conversations."""
+
+    def __init__(self, state: ServerState, stores: ResponseStores) -> None:
+        self.state = state
+        self.stores = stores
+        self.chat = ChatServing(state)
+
+    # ------------------------------------------------------------ translation
+
+    def chat_request(
+        self, body: ResponsesRequest, items: list[dict[str, Any]]
+    ) -> ChatCompletionRequest:
+        """The chat request rendering `items` (normalized, history included) with `body`'s
+        instructions, tools, tool_choice, text format and sampling fields; 400 on errors."""
+        messages = items_to_messages(items)
+        if body.instructions:
+            messages.insert(0, {"role": "system", "content": body.instructions})
+        if not messages:
+            raise invalid_request("input: at least one input item is needed", "input")
+        tools = chat_tools(body.tools)
+        tool_choice, tools = chat_tool_choice(body.tool_choice, tools)
+        payload: dict[str, Any] = {
+            **body.passthrough(),
+            "model": body.model,
+            "messages": messages,
+            "stream": False,
+            "prefill_assistant": False,  # a trailing assistant item is history: a new turn
+        }
+        optional = {
+            "max_completion_tokens": body.max_output_tokens,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": body.parallel_tool_calls,
+            "response_format": chat_response_format(body.text),
+        }
+        payload.update((k, v) for k, v in optional.items() if v is not None)
+        try:
+            return ChatCompletionRequest.model_validate(payload)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False)[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise invalid_request(f"{where}: {first.get('msg', 'invalid value')}") from None
+
+    def _history(self, body: ResponsesRequest, conversation: str | None) -> list[dict[str, Any]]:
+        previous = body.previous_response_id
+        if previous is not None:
+            if not self.stores.responses.enabled:
+                raise invalid_request(
+                    f"previous_response_id needs stored responses: {STORE_DISABLED}",
+                    "previous_response_id",
+                )
+            stored = self.stores.responses.get(previous)
+            if stored is None:
+                raise invalid_request(
+                    f"Previous response with id '{previous}' not found.",
+                    "previous_response_id",
+                    code="previous_response_not_found",
+                )
+            if stored.response.get("status") == "in_progress":
+                raise invalid_request(
+                    f"Previous response with id '{previous}' is still in progress.",
+                    "previous_response_id",
+                )
+            return list(stored.history)
+        if conversation is not None:
+            if not self.stores.conversations.enabled:
+                raise invalid_request(
+                    "conversation needs stored conversations, which are disabled "
+                    "(--conversation-store-max-entries 0)",
+                    "conversation",
+                )
+            return list(self.stores.conversations.get(conversation) or [])
+        return []
+
+    def prepare(self, body: ResponsesRequest) -> Prepared:
+        """Check `body`, resolve its history and build its chat request; 400 on errors."""
+        check_request(body)
+        conversation = conversation_id(body.conversation)
+        history = self._history(body, conversation)
+        items = input_items(body.input)
+        chat = self.chat_request(body, history + items)
+        return Prepared(body, chat, history, items, conversation)
+
+    # ------------------------------------------------------------ reusable steps
+
+    async def count_tokens(self, body: ResponsesRequest, items: list[dict[str, Any]]) -> int:
+        """Prompt tokens of `items` (normalized) rendered with `body`'s settings, exactly
+        as a create request would render them."""
+        return len(await self.chat.prompt_tokens(self.chat_request(body, items)))
+
+    async def generate_text(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        raw: Request,
+        *,
+        extra: dict[str, Any] | None = None,
+    ) -> GeneratedText | None:
+        """One non-streamed generation over chat `messages`, at most `max_tokens` tokens.
+
+        `extra` adds chat request fields (sampling, `chat_template_kwargs`...). The text is
+        the answer's content, reasoning split off. None when the client went away; 400/503
+        before the job runs, 500/503 when it fails.
+        """
+        payload = {
+            **(extra or {}),
+            "messages": messages,
+            "max_completion_tokens": max_tokens,
+            "prefill_assistant": False,
+        }
+        try:
+            body = ChatCompletionRequest.model_validate(payload)
+        except ValidationError as exc:
+            raise invalid_request(f"invalid generation request: {exc.errors()[0]['msg']}") from None
+        job = await self.chat.start(body, raw)
+        events = await collect_events(job.stream, raw)
+        if events is None:
+            return None
+        final = events[-1]
+        check_final(final)
+        record_request(self.state, final, time.perf_counter() - job.started)
+        result = job.plan.parse("".join(e.text for e in events))
+        return GeneratedText(
+            text=result.content,
+            reasoning=result.reasoning,
+            prompt_tokens=final.prompt_tokens,
+            completion_tokens=final.completion_tokens,
+            finish_reason=final.finish_reason or "stop",
+        )
+
+    # ------------------------------------------------------------ routes
+
+    async def create(self, body: ResponsesRequest, raw: Request) -> Response:
+        """POST /v1/responses: JSON, or typed SSE events once admission succeeded."""
+        prepared = self.prepare(body)
+        job = await self.chat.start(prepared.chat, raw)
+        run = _Run(self, prepared, job)
+        if body.stream:
+            return event_stream(run.stream())
+        return await run.complete(raw)
+
+    async def input_tokens(self, body: ResponsesRequest) -> dict[str, Any]:
+        """POST /v1/responses/input_tokens: the prompt tokens `body` would use."""
+        if self.state.tokenizer is None:
+            raise server_busy("loading model")
+        prepared = self.prepare(body)
+        tokens = await self.chat.prompt_tokens(prepared.chat)
+        return {"object": "response.input_tokens", "input_tokens": len(tokens)}
+
+    def _stored(self, response_id: str) -> StoredResponse:
+        if not self.stores.responses.enabled:
+            raise invalid_request(STORE_DISABLED, "response_id")
+        stored = self.stores.responses.get(response_id)
+        if stored is None:
+            raise not_found(response_id)
+        return stored
+
+    def retrieve(self, response_id: str) -> dict[str, Any]:
+        """GET /v1/responses/{id}."""
+        return self._stored(response_id).response
+
+    def delete(self, response_id: str) -> dict[str, Any]:
+        """DELETE /v1/responses/{id}."""
+        self._stored(response_id)
+        self.stores.responses.pop(response_id)
+        running = self.stores.inflight.get(response_id)
+        if running is not None:  # keep it from being stored when it finishes
+            running.deleted = True
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def cancel(self, response_id: str) -> dict[str, Any]:
+        """POST /v1/responses/{id}/cancel: stop it if it is generating; status `cancelled`."""
+        self._stored(response_id)
+        running = self.stores.inflight.get(response_id)
+        if running is not None:
+            running.cancelled = True
+            running.stream.close()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(running.done.wait(), CANCEL_WAIT_SECONDS)
+        stored = self._stored(response_id)
+        stored.response["status"] = "cancelled"
+        return stored.response
+
+
+class _Run:
+    """One admitted create request, streamed or not."""
+
+    def __init__(self, serving: ResponsesServing, prepared: Prepared, job: ChatJob) -> None:
+        self.serving = serving
+        self.state = serving.state
+        self.prepared = prepared
+        self.job = job
+        self.id = new_id("resp_")
+        self.created_at = now()
+        self.assembler = OutputAssembler()
+        stores = serving.stores
+        self.store = prepared.body.store and stores.responses.enabled
+        self.inflight = InFlight(job.stream)
+        self.settled = False
+        self.final_response: dict[str, Any] = {}
+        if self.store:
+            stores.inflight[self.id] = self.inflight
+            stores.responses.put(
+                self.id,
+                StoredResponse(self.response("in_progress"), [], self._request_fields()),
+            )
+
+    def _request_fields(self) -> dict[str, Any]:
+        body = self.prepared.body
+        return {"context_management": body.context_management} if body.context_management else {}
+
+    # ------------------------------------------------------------ the object
+
+    def response(
+        self,
+        status: str,
+        *,
+        usage: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        incomplete: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The response object with `status` and the output built so far."""
+        body = self.prepared.body
+        reasoning = body.reasoning or {}
+        text: dict[str, Any] = {**(body.text or {})}
+        text.setdefault("format", {"type": "text"})
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "background": False,
+            "completed_at": now() if status in ("completed", "incomplete") else None,
+            "error": error,
+            "incomplete_details": incomplete,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "max_tool_calls": (body.model_extra or {}).get("max_tool_calls"),
+            "model": reported_model(self.state, body.model),
+            "output": [dict(item) for item in self.assembler.items],
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": body.previous_response_id,
+            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+            "store": self.store,
+            "temperature": body.temperature,
+            "text": text,
+            "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
+            "tools": list(body.tools or []),
+            "top_p": body.top_p,
+            "truncation": "disabled",
+            "usage": usage,
+            "user": (body.model_extra or {}).get("user"),
+            "metadata": dict(body.metadata or {}),
+            "conversation": (
+                {"id": self.prepared.conversation} if self.prepared.conversation else None
+            ),
+        }
+        if body.context_management is not None:
+            out["context_management"] = body.context_management
+        return out
+
+    def _usage(self, final: GenerationEvent) -> dict[str, Any]:
+        reasoning = "".join(
+            part.get("text", "")
+            for item in self.assembler.items
+            if item["type"] == "reasoning"
+            for part in item["content"]
+        )
+        reasoning_tokens = 0
+        tokenizer = self.state.tokenizer
+        if reasoning and tokenizer is not None:
+            reasoning_tokens = min(
+                len(tokenizer.encode(reasoning, add_special=False)), final.completion_tokens
+            )
+        cached = final.timings.cache_n if final.timings is not None else 0
+        return {
+            "input_tokens": final.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": final.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": final.prompt_tokens + final.completion_tokens,
+        }
+
+    def _outcome(
+        self, final: GenerationEvent
+    ) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+        """(status, incomplete_details, error) for the engine's final event."""
+        reason = final.finish_reason
+        if self.inflight.cancelled and reason == "cancelled":
+            return "cancelled", None, None
+        if reason == "length":
+            return "incomplete", {"reason": "max_output_tokens"}, None
+        if reason == "error":
+            message = f"generation failed: {scrub_paths(final.error or 'internal error')}"
+            return "failed", None, {"code": "server_error", "message": message}
+        if reason == "cancelled":
+            return (
+                "failed",
+                None,
+                {"code": "server_error", "message": "the server is shutting down"},
+            )
+        return "completed", None, None
+
+    def settle(self, response: dict[str, Any]) -> None:
+        """Store the final `response`, extend its conversation, release cancel waiters."""
+        if self.settled:
+            return
+        self.settled = True
+        stores = self.serving.stores
+        prepared = self.prepared
+        output = list(response["output"])
+        if self.store and not self.inflight.deleted:
+            history = prepared.history + prepared.items + output
+            stores.responses.put(self.id, StoredResponse(response, history, self._request_fields()))
+        status = response["status"]
+        if prepared.conversation is not None and status in ("completed", "incomplete"):
+            current = stores.conversations.get(prepared.conversation) or []
+            stores.conversations.put(prepared.conversation, current + prepared.items + output)
+        stores.inflight.pop(self.id, None)
+        self.inflight.done.set()
+
+    def _abandon(self, status: str) -> None:
+        """Settle a run that ended without its final event (client gone, handler error)."""
+        if not self.settled:
+            self.assembler.finish("incomplete")
+            self.settle(self.response(status))
+
+    def _feed(self, out: Any, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for delta in out.feed(text) if text else ():
+            events += self.assembler.feed(delta)
+        return events
+
+    def _finish(self, out: Any, final: GenerationEvent) -> tuple[list[dict[str, Any]], str]:
+        """Closing events and the final response for `final`; the lifecycle event type."""
+        events: list[dict[str, Any]] = []
+        for delta in out.finish():
+            events += self.assembler.feed(delta)
+        status, incomplete, error = self._outcome(final)
+        events += self.assembler.finish("completed" if status == "completed" else "incomplete")
+        if out.result is not None:
+            self.job.check_forced(out.result)
+        if final.finish_reason in ("stop", "length"):
+            record_request(self.state, final, time.perf_counter() - self.job.started)
+        response = self.response(
+            status, usage=self._usage(final), error=error, incomplete=incomplete
+        )
+        self.settle(response)
+        kind = {"completed": "completed", "failed": "failed"}.get(status, "incomplete")
+        self.final_response = response
+        return events, kind
+
+    # ------------------------------------------------------------ delivery
+
+    async def complete(self, raw: Request) -> Response:
+        """Run to the end and answer with the response object."""
+        try:
+            events = await collect_events(self.job.stream, raw)
+            if events is None:  # the client is gone; nobody reads this
+                self._abandon("cancelled")
+                return Response(status_code=499)
+            final = events[-1]
+            if final.finish_reason in ("error", "cancelled") and not self.inflight.cancelled:
+                self._abandon("failed")
+                check_final(final)
+            out = self.job.plan.stream(self.id)
+            self._feed(out, "".join(e.text for e in events))
+            self._finish(out, final)
+            return JSONResponse(self.final_response)
+        finally:
+            self._abandon("failed")
+
+    async def stream(self) -> AsyncIterator[str]:
+        """The typed SSE events of this response, from `response.created` to its end."""
+        writer = EventWriter()
+        out = self.job.plan.stream(self.id)
+        stream = self.job.stream
+        try:
+            yield writer.lifecycle("created", self.response("in_progress"))
+            yield writer.lifecycle("in_progress", self.response("in_progress"))
+            final: GenerationEvent | None = None
+            interval = self.state.settings.sse_ping_interval
+            async for event in with_keepalive(stream, interval):
+                if event is None:
+                    yield SSE_PING
+                    continue
+                for item_event in self._feed(out, event.text):
+                    yield writer.sse(item_event)
+                if event.finished:
+                    final = event
+            if final is None:
+                return
+            events, kind = self._finish(out, final)
+            for item_event in events:
+                yield writer.sse(item_event)
+            yield writer.lifecycle(kind, self.final_response)
+        finally:
+            stream.close()
+            self._abandon("cancelled")
