@@ -100,7 +100,8 @@ PINNED = {
     " -hff -dr --override-kv --models-dir --models-preset -mm -mmu --tools --mcp-servers-config"
     " --mcp-servers-json --agent --samplers -l --top-nsigma --typical"
     " --gpt-oss-20b-default",
-    Status.SUPPORTED: "-md --spec-type --spec-draft-n-max -m -c -n -b -ub -np --port --host --api-key --api-key-file --metrics"
+    Status.SUPPORTED: "-md --spec-type --spec-draft-n-max -m -c -n -b -ub -np --port --host"
+    " --api-key --api-key-file --metrics"
     " --slots --props --cache-prompt -cram --temp --top-k --top-p --min-p -s --seed --jinja"
     " --chat-template --chat-template-kwargs -a -to --embedding --rerank --pooling --warmup"
     " --max-queue-depth --max-body-size --metrics-port -P --cpu-dtype --grammar-backend"

@@ -1,4 +1,9 @@
-"""Errors in the OpenAI error shape, for every 4xx/5xx the server sends."""
+"""Errors in the OpenAI error shape, for every 4xx/5xx the server sends.
+
+The Anthropic Messages routes (`/v1/messages`, `/v1/messages/count_tokens` and their aliases,
+under `--api-prefix`) answer in Anthropic's shape instead, with the same status codes:
+`{"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}`.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.types import Scope
 
 RETRY_AFTER_SECONDS = "1"
 
@@ -50,13 +56,62 @@ def error_body(message: str, type: str, code: str | None = None, **extra: Any) -
     return {"error": {"message": message, "type": type, "code": code, **extra}}
 
 
-def error_response(error: APIError) -> JSONResponse:
-    """A JSON response for `error`."""
-    return JSONResponse(
-        error_body(error.message, error.type, error.code, **error.extra),
-        status_code=error.status,
-        headers=error.headers,
+MESSAGES_ROUTES = frozenset(
+    {"/v1/messages", "/messages", "/v1/messages/count_tokens", "/messages/count_tokens"}
+)
+"""The Anthropic Messages routes (below the API prefix): their errors use Anthropic's shape."""
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def is_messages_path(path: str, prefix: str = "") -> bool:
+    """Whether `path` is a Messages route under `prefix` (`/segment` or '')."""
+    path = path.rstrip("/")
+    if prefix:
+        if not path.startswith(f"{prefix}/"):
+            return False
+        path = path[len(prefix) :]
+    return path in MESSAGES_ROUTES
+
+
+def anthropic_scope(scope: Scope) -> bool:
+    """Whether the request of `scope` gets Anthropic-shaped errors (the app's prefix applied)."""
+    state = getattr(getattr(scope.get("app"), "state", None), "mlxcel", None)
+    raw_prefix = getattr(getattr(state, "settings", None), "api_prefix", None)
+    text = raw_prefix.strip().strip("/") if isinstance(raw_prefix, str) else ""
+    return is_messages_path(str(scope.get("path", "")), f"/{text}" if text else "")
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's error `type` for an HTTP status."""
+    if status in _ANTHROPIC_TYPES:
+        return _ANTHROPIC_TYPES[status]
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
+def anthropic_error_body(message: str, status: int) -> dict[str, Any]:
+    """The Anthropic error object for a `status` answer."""
+    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+
+
+def error_response(error: APIError, *, anthropic: bool = False) -> JSONResponse:
+    """A JSON response for `error` (in Anthropic's shape when `anthropic`)."""
+    body = (
+        anthropic_error_body(error.message, error.status)
+        if anthropic
+        else error_body(error.message, error.type, error.code, **error.extra)
     )
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
 def sse_error_data(message: str, type: str = "server_error") -> str:
@@ -89,18 +144,21 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Make every error the server sends use the OpenAI shape (400, never 422)."""
+    """Make every error the server sends use the OpenAI shape (400, never 422), or the
+    Anthropic shape on the Messages routes."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc, anthropic=anthropic_scope(request.scope))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(bad_request(_validation_message(exc)))
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(
+            bad_request(_validation_message(exc)), anthropic=anthropic_scope(request.scope)
+        )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         status = exc.status_code
         if status == 404:
             message = "route not found"
@@ -114,12 +172,14 @@ def install_error_handlers(app: FastAPI) -> None:
                 message,
                 _STATUS_TYPES.get(status, "server_error"),
                 headers=dict(exc.headers or {}),
-            )
+            ),
+            anthropic=anthropic_scope(request.scope),
         )
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Never leak paths or tracebacks: the type name is enough for a bug report.
         return error_response(
-            APIError(500, f"internal error ({type(exc).__name__})", "server_error")
+            APIError(500, f"internal error ({type(exc).__name__})", "server_error"),
+            anthropic=anthropic_scope(request.scope),
         )

@@ -1,7 +1,8 @@
 """The request guard: header and body size caps, API-key auth and the loading gate.
 
 One pure ASGI middleware (no BaseHTTPMiddleware: it would buffer streams and hide client
-disconnects). Checks run in this order, each answering in the OpenAI error shape:
+disconnects). Checks run in this order, each answering in the OpenAI error shape (the
+Anthropic shape on the Messages routes, whose SDK sends its key as `x-api-key`):
 
 1. request headers over `max_header_bytes` -> 431;
 2. with API keys configured, every path but the public ones (`/health`, `/`) needs
@@ -23,7 +24,12 @@ from urllib.parse import urlsplit
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxcel.server.errors import RETRY_AFTER_SECONDS, error_body
+from mlxcel.server.errors import (
+    RETRY_AFTER_SECONDS,
+    anthropic_error_body,
+    anthropic_scope,
+    error_body,
+)
 
 MAX_HEADER_BYTES = 32 * 1024
 """Largest request head (request line and headers) accepted; larger gets 431."""
@@ -63,8 +69,15 @@ class ApiKeys:
         return None if any([self._matches(c) for c in candidates]) else "invalid_api_key"
 
 
-def _error(status: int, message: str, type: str, headers: dict[str, str] | None = None) -> Any:
-    return JSONResponse(error_body(message, type), status_code=status, headers=headers)
+def _error(
+    scope: Scope, status: int, message: str, type: str, headers: dict[str, str] | None = None
+) -> Any:
+    body = (
+        anthropic_error_body(message, status)
+        if anthropic_scope(scope)
+        else error_body(message, type)
+    )
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class RequestGuard:
@@ -101,6 +114,7 @@ class RequestGuard:
         )
         if head_size > self.max_header_bytes:
             response = _error(
+                scope,
                 431,
                 f"request headers too large: the limit is {self.max_header_bytes} bytes",
                 "invalid_request_error",
@@ -113,11 +127,11 @@ class RequestGuard:
             failure = self.api_keys.check(lookup("authorization"), lookup("x-api-key"))
             if failure is not None:
                 message = "Missing API key" if failure == "missing_api_key" else "Invalid API Key"
-                await _error(401, message, failure)(scope, receive, send)
+                await _error(scope, 401, message, failure)(scope, receive, send)
                 return
         if not public and self.is_loading():
             response = _error(
-                503, "Loading model", "server_busy", {"Retry-After": RETRY_AFTER_SECONDS}
+                scope, 503, "Loading model", "server_busy", {"Retry-After": RETRY_AFTER_SECONDS}
             )
             await response(scope, receive, send)
             return
@@ -130,13 +144,16 @@ class RequestGuard:
         if scope["path"] in self.upload_paths:  # audio uploads may be up to 25 MiB
             limit = max(limit, self.upload_max_body_size)
         too_large = _error(
-            413, f"request body too large: the limit is {limit} bytes", "invalid_request_error"
+            scope,
+            413,
+            f"request body too large: the limit is {limit} bytes",
+            "invalid_request_error",
         )
         if content_length is not None:
             try:
                 declared = int(content_length)
             except ValueError:
-                await _error(400, "invalid Content-Length header", "invalid_request_error")(
+                await _error(scope, 400, "invalid Content-Length header", "invalid_request_error")(
                     scope, receive, send
                 )
                 return
