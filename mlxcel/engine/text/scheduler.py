@@ -320,6 +320,8 @@ class TextEngine:
             from mlxcel.engine.grammar import grammar_processor
 
             processors = [*processors, grammar_processor(request.grammar)]
+        if request.thinking is not None:
+            processors = [*processors, request.thinking.processor(self.tokenizer)]
         (uid,) = generator.insert(
             [prompt[job.cache_n :]],
             max_tokens=[job.max_tokens],
