@@ -165,3 +165,12 @@ def check_final(final: GenerationEvent) -> None:
         raise APIError(500, f"generation failed: {detail}", "server_error")
     if final.finish_reason == "cancelled":
         raise server_busy("the server is shutting down")
+
+
+def speculative_timings(final: GenerationEvent) -> dict[str, Any]:
+    """`{"timings": ...}` when speculative decoding ran a verify round for the request, else
+    `{}`: spread into a non-streamed answer or the stream chunk carrying finish_reason."""
+    timings = final.timings
+    if timings is None or timings.draft_rounds <= 0:
+        return {}
+    return {"timings": timings.to_dict()}

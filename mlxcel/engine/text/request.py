@@ -70,6 +70,12 @@ class Timings:
     predicted_n: int = 0
     predicted_ms: float = 0.0
     cache_n: int = 0
+    # Speculative decoding, for the request: tokens drafted, drafted tokens accepted,
+    # verify rounds, and the drafter's kind ("prompt-lookup" or the draft model's).
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+    draft_rounds: int = 0
+    draft_kind: str | None = None
 
     @property
     def prompt_per_second(self) -> float:
@@ -79,9 +85,9 @@ class Timings:
     def predicted_per_second(self) -> float:
         return self.predicted_n / (self.predicted_ms / 1000) if self.predicted_ms > 0 else 0.0
 
-    def to_dict(self) -> dict[str, float | int]:
-        """The llama-server `timings` object."""
-        return {
+    def to_dict(self) -> dict[str, float | int | str]:
+        """The llama-server `timings` object (draft counters only after a verify round)."""
+        out: dict[str, float | int | str] = {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
             "prompt_ms": self.prompt_ms,
@@ -94,6 +100,12 @@ class Timings:
             ),
             "predicted_per_second": self.predicted_per_second,
         }
+        if self.draft_rounds > 0:
+            out["draft_n"] = self.draft_n
+            out["draft_n_accepted"] = self.draft_n_accepted
+            out["draft_rounds"] = self.draft_rounds
+            out["draft_kind"] = self.draft_kind or "unknown"
+        return out
 
 
 @dataclass

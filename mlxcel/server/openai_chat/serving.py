@@ -33,6 +33,7 @@ from mlxcel.server.openai_common import (
     record_request,
     reported_model,
     scrub_paths,
+    speculative_timings,
     usage_payload,
 )
 from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
@@ -429,6 +430,7 @@ class ChatServing:
                     }
                 ],
                 "usage": usage_payload(final.prompt_tokens, final.completion_tokens),
+                **speculative_timings(final),
             }
         )
 
@@ -438,10 +440,12 @@ class ChatServing:
         delta: dict[str, Any],
         finish_reason: str | None = None,
         logprobs: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         return sse_data(
             {
                 **envelope(meta, "chat.completion.chunk"),
+                **(extra or {}),
                 "choices": [
                     {
                         "index": 0,
@@ -496,7 +500,12 @@ class ChatServing:
             assert out.result is not None
             job.check_forced(out.result)
             last: dict[str, Any] = {"reasoning_only": True} if out.reasoning_only else {}
-            yield self._chunk(meta, last, finish_reason(out.result, engine_reason))
+            yield self._chunk(
+                meta,
+                last,
+                finish_reason(out.result, engine_reason),
+                extra=speculative_timings(final),
+            )
             if include_usage:
                 usage = usage_payload(final.prompt_tokens, final.completion_tokens)
                 yield sse_data(

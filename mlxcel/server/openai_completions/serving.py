@@ -22,6 +22,7 @@ from mlxcel.server.openai_common import (
     now,
     record_request,
     reported_model,
+    speculative_timings,
     usage_payload,
 )
 from mlxcel.server.openai_completions.protocol import CompletionRequest
@@ -154,6 +155,7 @@ class CompletionServing:
                     }
                 ],
                 "usage": usage_payload(final.prompt_tokens, final.completion_tokens),
+                **speculative_timings(final),
             }
         )
 
@@ -163,10 +165,12 @@ class CompletionServing:
         text: str,
         finish_reason: str | None = None,
         logprobs: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         return sse_data(
             {
                 **envelope(meta, "text_completion"),
+                **(extra or {}),
                 "choices": [
                     {
                         "index": 0,
@@ -210,7 +214,9 @@ class CompletionServing:
                     final = event  # the stream ends right after its finishing event
             if final is None:
                 return
-            yield self._chunk(meta, "", client_finish_reason(final))
+            yield self._chunk(
+                meta, "", client_finish_reason(final), extra=speculative_timings(final)
+            )
             if include_usage:
                 usage = usage_payload(final.prompt_tokens, final.completion_tokens)
                 yield sse_data({**envelope(meta, "text_completion"), "choices": [], "usage": usage})
