@@ -1,7 +1,6 @@
 """Routes: /v1/responses (create, retrieve, delete, cancel, input_tokens), also without /v1.
 
-POST /v1/responses/compact is not defined here (the compaction module owns it); no route
-here takes a POST on /v1/responses/{one segment}, so that path stays free.
+POST /v1/responses/compact summarizes a history (`compaction.py` holds the logic).
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from mlxcel.server.errors import bad_request
 from mlxcel.server.openai_common import parse_body
 from mlxcel.server.openai_responses.protocol import ResponsesRequest
 from mlxcel.server.openai_responses.serving import ResponsesServing
@@ -31,6 +31,17 @@ async def create_response(raw: Request, state: ServerState = Depends(get_state))
     """OpenAI Responses create, JSON or typed SSE (`stream: true`)."""
     body = await parse_body(raw, ResponsesRequest)
     return await serving_for(raw, state).create(body, raw)
+
+
+@router.post("/v1/responses/compact")
+@router.post("/responses/compact")
+async def compact_history(raw: Request, state: ServerState = Depends(get_state)) -> Response:
+    """Summarize older turns of `input` into one compaction item (nothing is stored)."""
+    try:
+        payload = await raw.json()
+    except ValueError:
+        raise bad_request("the request body is not valid JSON") from None
+    return await serving_for(raw, state).compact(payload, raw)
 
 
 @router.post("/v1/responses/input_tokens")

@@ -37,6 +37,13 @@ from mlxcel.server.openai_common import (
     reported_model,
     scrub_paths,
 )
+from mlxcel.server.openai_responses.compaction import (
+    CompactionAborted,
+    compact,
+    compact_response,
+    expand_compactions,
+    parse_compact_request,
+)
 from mlxcel.server.openai_responses.events import EventWriter
 from mlxcel.server.openai_responses.items import input_items, invalid_request, items_to_messages
 from mlxcel.server.openai_responses.output import OutputAssembler
@@ -239,7 +246,7 @@ class ResponsesServing:
     ) -> ChatCompletionRequest:
         """The chat request rendering `items` (normalized, history included) with `body`'s
         instructions, tools, tool_choice, text format and sampling fields; 400 on errors."""
-        messages = items_to_messages(items)
+        messages = items_to_messages(expand_compactions(items))
         if body.instructions:
             messages.insert(0, {"role": "system", "content": body.instructions})
         if not messages:
@@ -367,6 +374,49 @@ class ResponsesServing:
         if body.stream:
             return event_stream(run.stream())
         return await run.complete(raw)
+
+    def context_window(self) -> int:
+        """Tokens one request may hold (the per-slot context)."""
+        engine = self.state.client.engine if self.state.client is not None else None
+        window = getattr(engine, "context_per_slot", None)
+        if not window:
+            raise server_busy("loading model")
+        return int(window)
+
+    async def compact(self, payload: Any, raw: Request) -> Response:
+        """POST /v1/responses/compact: summarize older turns into one compaction item.
+
+        Nothing is stored. 400 (`context_length_exceeded` where the spec says) before any
+        change; 499 when the client went away during the summary.
+        """
+        if self.state.tokenizer is None:
+            raise server_busy("loading model")
+        request = parse_compact_request(payload)
+        counting = ResponsesRequest.model_validate(
+            {"model": request.model, "instructions": request.instructions, "input": ""}
+        )
+
+        async def count(items: list[dict[str, Any]]) -> int:
+            return await self.count_tokens(counting, items)
+
+        async def summarize(messages: list[dict[str, Any]], limit: int) -> Any:
+            extra = {**request.extra, "thinking_budget_tokens": 0}
+            return await self.generate_text(messages, limit, raw, extra=extra)
+
+        try:
+            result = await compact(
+                request.items,
+                count_tokens=count,
+                summarize=summarize,
+                to_messages=items_to_messages,
+                context_window=self.context_window(),
+                keep_tokens=request.keep_tokens,
+                max_output_tokens=request.max_output_tokens,
+            )
+        except CompactionAborted:
+            return Response(status_code=499)
+        model = reported_model(self.state, request.model)
+        return JSONResponse(compact_response(result, model=model))
 
     async def input_tokens(self, body: ResponsesRequest) -> dict[str, Any]:
         """POST /v1/responses/input_tokens: the prompt tokens `body` would use."""
