@@ -130,3 +130,94 @@ def test_malformed_compaction_item_is_400(hf_tokenizer: Any) -> None:
     ]
     answer = _post(app, "/v1/responses", {"model": "m", "input": bad})
     assert answer.status_code == 400
+
+
+def _sse(text: str) -> list[tuple[str, dict[str, Any]]]:
+    import json
+
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(ln.split(": ", 1) for ln in block.split("\n") if not ln.startswith(":"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+MANAGED = [{"type": "compaction", "compact_threshold": 60}]
+
+
+def test_context_management_compacts_before_answering(hf_tokenizer: Any) -> None:
+    app, engine = make_app(hf_tokenizer, SUMMARY)
+    body = {"model": "m", "input": _history(6), "context_management": MANAGED}
+    answer = _post(app, "/v1/responses", body)
+    assert answer.status_code == 200, answer.text
+    out = answer.json()
+    assert out["output"][0]["type"] == "compaction"
+    assert out["output"][1]["type"] == "message" and out["status"] == "completed"
+    assert len(engine.requests) == 2  # the summary, then the answer
+    answer_prompt = prompts(hf_tokenizer, engine)[-1]
+    assert "They talked about trains." in answer_prompt and "Question 0" not in answer_prompt
+    # Bounded by the room left in the context.
+    assert engine.requests[-1].max_tokens is not None
+    assert engine.requests[-1].max_tokens <= 4096 - len(engine.requests[-1].prompt_tokens)
+    # The stored answer chains: its compaction item replays along previous_response_id.
+    _post(app, "/v1/responses", {"model": "m", "previous_response_id": out["id"], "input": "ok"})
+    assert "Question 0" not in prompts(hf_tokenizer, engine)[-1]
+
+
+def test_context_management_below_the_threshold_does_nothing(hf_tokenizer: Any) -> None:
+    app, engine = make_app(hf_tokenizer, SUMMARY)
+    managed = [{"type": "compaction", "compact_threshold": 100000}]
+    out = _post(app, "/v1/responses", {"model": "m", "input": "Hi", "context_management": managed})
+    assert [i["type"] for i in out.json()["output"]] == ["message"]
+    assert len(engine.requests) == 1
+
+
+def test_context_management_streams_compaction_events(hf_tokenizer: Any) -> None:
+    app, _ = make_app(hf_tokenizer, SUMMARY)
+    body = {"model": "m", "input": _history(6), "context_management": MANAGED, "stream": True}
+    events = _sse(_post(app, "/v1/responses", body).text)
+    names = [name for name, _ in events]
+    assert names[:3] == ["response.created", "response.in_progress", "mlx.compaction.started"]
+    done = dict(events)["mlx.compaction.completed"]
+    assert done["input_tokens_after"] < done["input_tokens_before"]
+    assert names.index("mlx.compaction.completed") < names.index("response.output_text.delta")
+    assert names[-1] == "response.completed"
+    numbers = [data["sequence_number"] for _, data in events]
+    assert numbers == list(range(len(events)))
+    final = events[-1][1]["response"]
+    assert final["output"][0]["type"] == "compaction"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"type": "compaction"},
+        [{"type": "other"}],
+        [{"type": "compaction", "compact_threshold": 0}],
+        [{"type": "compaction", "compact_threshold": 100000001}],
+    ],
+)
+def test_bad_context_management_is_400(hf_tokenizer: Any, value: Any) -> None:
+    app, engine = make_app(hf_tokenizer, SUMMARY)
+    out = _post(app, "/v1/responses", {"model": "m", "input": "Hi", "context_management": value})
+    assert out.status_code == 400, out.text
+    assert not engine.requests
+
+
+def test_compact_on_a_real_server(tiny_llama_dir: Path) -> None:
+    from server_harness import AUTH, main_server_args, shared_server
+
+    server = shared_server(main_server_args(tiny_llama_dir))
+    history = _history(4)
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as http:
+        body = {"model": "m", "input": history, "max_output_tokens": 8, "keep_tokens": 30}
+        answer = http.post("/v1/responses/compact", json=body)
+        assert answer.status_code == 200, answer.text
+        output = answer.json()["output"]
+        assert output[-1]["type"] == "compaction"
+        follow = {"model": "m", "input": [*output, {"role": "user", "content": "Hi"}]}
+        counted = http.post("/v1/responses/input_tokens", json=follow).json()["input_tokens"]
+        full = http.post("/v1/responses/input_tokens", json={"model": "m", "input": history})
+        assert counted < full.json()["input_tokens"]
+        created = http.post("/v1/responses", json={**follow, "max_output_tokens": 3})
+        assert created.status_code == 200, created.text

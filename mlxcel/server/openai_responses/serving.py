@@ -39,10 +39,14 @@ from mlxcel.server.openai_common import (
 )
 from mlxcel.server.openai_responses.compaction import (
     CompactionAborted,
+    CompactionResult,
+    auto_compact,
     compact,
     compact_response,
     expand_compactions,
+    output_budget,
     parse_compact_request,
+    parse_context_management,
 )
 from mlxcel.server.openai_responses.events import EventWriter
 from mlxcel.server.openai_responses.items import input_items, invalid_request, items_to_messages
@@ -368,9 +372,13 @@ class ResponsesServing:
 
     async def create(self, body: ResponsesRequest, raw: Request) -> Response:
         """POST /v1/responses: JSON, or typed SSE events once admission succeeded."""
+        threshold = parse_context_management(body.context_management)
         prepared = self.prepare(body)
+        compaction = None
+        if threshold is not None:
+            compaction = await self._manage_context(prepared, threshold, raw)
         job = await self.chat.start(prepared.chat, raw)
-        run = _Run(self, prepared, job)
+        run = _Run(self, prepared, job, compaction)
         if body.stream:
             return event_stream(run.stream())
         return await run.complete(raw)
@@ -418,6 +426,51 @@ class ResponsesServing:
         model = reported_model(self.state, request.model)
         return JSONResponse(compact_response(result, model=model))
 
+    async def _manage_context(
+        self, prepared: Prepared, threshold: int, raw: Request
+    ) -> CompactionResult | None:
+        """`context_management`: compact the history first when the input reaches
+        `threshold` or leaves no room to answer; bound the answer by the context left.
+
+        Rebuilds `prepared.chat` from the compacted history; returns the compaction (None
+        when none was needed).
+        """
+        body = prepared.body
+        window = self.context_window()
+
+        async def count(items: list[dict[str, Any]]) -> int:
+            return await self.count_tokens(body, items)
+
+        async def summarize(messages: list[dict[str, Any]], limit: int) -> Any:
+            extra = {**body.passthrough(), "thinking_budget_tokens": 0}
+            extra.pop("stream", None)
+            return await self.generate_text(messages, limit, raw, extra=extra)
+
+        items = prepared.history + prepared.items
+        try:
+            result = await auto_compact(
+                items,
+                threshold=threshold,
+                count_tokens=count,
+                summarize=summarize,
+                to_messages=items_to_messages,
+                context_window=window,
+            )
+        except CompactionAborted:
+            raise APIError(499, "the client went away", "invalid_request_error") from None
+        used = await count(result.history if result is not None else items)
+        budget = output_budget(window, used, body.max_output_tokens)
+        if budget <= 0:
+            raise invalid_request(
+                "the input leaves no room for output in the context window",
+                "input",
+                code="context_length_exceeded",
+            )
+        history = result.history if result is not None else items
+        prepared.chat = self.chat_request(body, history)
+        prepared.chat.max_completion_tokens = budget
+        return result
+
     async def input_tokens(self, body: ResponsesRequest) -> dict[str, Any]:
         """POST /v1/responses/input_tokens: the prompt tokens `body` would use."""
         if self.state.tokenizer is None:
@@ -464,14 +517,23 @@ class ResponsesServing:
 class _Run:
     """One admitted create request, streamed or not."""
 
-    def __init__(self, serving: ResponsesServing, prepared: Prepared, job: ChatJob) -> None:
+    def __init__(
+        self,
+        serving: ResponsesServing,
+        prepared: Prepared,
+        job: ChatJob,
+        compaction: CompactionResult | None = None,
+    ) -> None:
         self.serving = serving
+        self.compaction = compaction
         self.state = serving.state
         self.prepared = prepared
         self.job = job
         self.id = new_id("resp_")
         self.created_at = now()
         self.assembler = OutputAssembler()
+        if compaction is not None:  # the output starts with the compaction item
+            self.assembler.items.append(dict(compaction.item))
         stores = serving.stores
         self.store = prepared.body.store and stores.responses.enabled
         self.inflight = InFlight(job.stream)
@@ -649,6 +711,22 @@ class _Run:
         finally:
             self._abandon("failed")
 
+    def _compaction_events(self) -> list[dict[str, Any]]:
+        """mlx.compaction.started/completed and the compaction item's own item events."""
+        assert self.compaction is not None
+        item = dict(self.compaction.item)
+        before = self.compaction.input_tokens_before
+        return [
+            {"type": "mlx.compaction.started", "input_tokens_before": before},
+            {"type": "response.output_item.added", "output_index": 0, "item": item},
+            {"type": "response.output_item.done", "output_index": 0, "item": item},
+            {
+                "type": "mlx.compaction.completed",
+                "input_tokens_before": before,
+                "input_tokens_after": self.compaction.input_tokens_after,
+            },
+        ]
+
     async def stream(self) -> AsyncIterator[str]:
         """The typed SSE events of this response, from `response.created` to its end."""
         writer = EventWriter()
@@ -657,6 +735,9 @@ class _Run:
         try:
             yield writer.lifecycle("created", self.response("in_progress"))
             yield writer.lifecycle("in_progress", self.response("in_progress"))
+            if self.compaction is not None:
+                for compaction_event in self._compaction_events():
+                    yield writer.sse(compaction_event)
             final: GenerationEvent | None = None
             interval = self.state.settings.sse_ping_interval
             async for event in with_keepalive(stream, interval):
