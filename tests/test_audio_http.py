@@ -273,10 +273,24 @@ def test_full_queue_is_503_and_timeout_is_504(wav: bytes) -> None:
         slow.stop()
 
 
-def test_http_handlers_never_block_on_the_worker(worker: AudioWorker, wav: bytes) -> None:
-    """While a transcription runs on the worker thread the event loop keeps serving."""
+def test_http_handlers_never_block_on_the_worker(
+    worker: AudioWorker, wav: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a job runs on the worker thread the event loop keeps serving.
+
+    The transcription first waits, on the worker thread, for a gate that only the event
+    loop's ticker opens: the request can finish only if the loop ran while it waited.
+    """
     import httpx
 
+    gate = threading.Event()
+    original = worker.transcribe
+
+    async def gated(samples: Any, options: Any) -> Any:
+        await worker.run(lambda _m, _stop: gate.wait(10))
+        return await original(samples, options)
+
+    monkeypatch.setattr(worker, "transcribe", gated)
     app = make_app(worker)
     finished: dict[str, float] = {}
 
@@ -292,10 +306,10 @@ def test_http_handlers_never_block_on_the_worker(worker: AudioWorker, wav: bytes
                 return response.status_code
 
             async def ticker() -> None:
-                await asyncio.sleep(0.2)  # the request is decoding or on the worker by now
                 for _ in range(5):
                     await asyncio.sleep(0.01)
                 finished["ticker"] = loop.time()
+                gate.set()
 
             status, _ = await asyncio.gather(request(), ticker())
             return status
