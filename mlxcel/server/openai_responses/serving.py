@@ -51,7 +51,7 @@ from mlxcel.server.openai_responses.compaction import (
 from mlxcel.server.openai_responses.events import EventWriter
 from mlxcel.server.openai_responses.items import input_items, invalid_request, items_to_messages
 from mlxcel.server.openai_responses.output import OutputAssembler
-from mlxcel.server.openai_responses.protocol import ResponsesRequest
+from mlxcel.server.openai_responses.protocol import RESPONSES_FIELDS, ResponsesRequest
 from mlxcel.server.openai_responses.store import InFlight, ResponseStores, StoredResponse
 from mlxcel.server.sse import SSE_PING, event_stream, with_keepalive
 
@@ -211,6 +211,36 @@ def check_request(body: ResponsesRequest) -> None:
             "previous_response_id and conversation cannot be used together",
             "previous_response_id",
         )
+
+
+SUMMARY_SAMPLING = ("temperature", "top_p")
+"""Responses fields a compact body may carry that still apply to the summary generation."""
+
+
+def summary_extra(fields: dict[str, Any]) -> dict[str, Any]:
+    """Chat request fields for a compact body's summary generation: its sampling extras
+    (`top_k`, `seed`, `chat_template_kwargs`...) and `temperature` / `top_p`, never the
+    Responses fields a client sends along (`tools`, `text`, `reasoning`, `store`...), and no
+    thinking (`thinking_budget_tokens: 0`)."""
+    extra = {
+        key: value
+        for key, value in fields.items()
+        if key not in RESPONSES_FIELDS or (key in SUMMARY_SAMPLING and value is not None)
+    }
+    return {**extra, "thinking_budget_tokens": 0}
+
+
+def with_content_parts(item: dict[str, Any]) -> dict[str, Any]:
+    """A message item whose string `content` becomes one text part (`output_text` for the
+    assistant, `input_text` otherwise), the shape a Responses item list has; others as is."""
+    content = item.get("content")
+    if item.get("type") != "message" or not isinstance(content, str):
+        return item
+    if item.get("role") == "assistant":
+        part: dict[str, Any] = {"type": "output_text", "text": content, "annotations": []}
+    else:
+        part = {"type": "input_text", "text": content}
+    return {**item, "content": [part]}
 
 
 @dataclass
@@ -407,8 +437,9 @@ class ResponsesServing:
         async def count(items: list[dict[str, Any]]) -> int:
             return await self.count_tokens(counting, items)
 
+        extra = summary_extra(request.extra)
+
         async def summarize(messages: list[dict[str, Any]], limit: int) -> Any:
-            extra = {**request.extra, "thinking_budget_tokens": 0}
             return await self.generate_text(messages, limit, raw, extra=extra)
 
         try:
@@ -424,7 +455,9 @@ class ResponsesServing:
         except CompactionAborted:
             return Response(status_code=499)
         model = reported_model(self.state, request.model)
-        return JSONResponse(compact_response(result, model=model))
+        out = compact_response(result, model=model)
+        out["output"] = [with_content_parts(item) for item in out["output"]]
+        return JSONResponse(out)
 
     async def _manage_context(
         self, prepared: Prepared, threshold: int, raw: Request
