@@ -98,9 +98,9 @@ PINNED = {
     " --control-vector-layer-range --grammar --grammar-file -j -jf --mirostat --rope-scaling"
     " --rope-scale --rope-freq-base --rope-freq-scale --yarn-orig-ctx --yarn-ext-factor -mu -hf"
     " -hff -dr --override-kv --models-dir --models-preset -mm -mmu --tools --mcp-servers-config"
-    " --mcp-servers-json --agent -md --spec-type --samplers -l --top-nsigma --typical"
+    " --mcp-servers-json --agent --samplers -l --top-nsigma --typical"
     " --gpt-oss-20b-default",
-    Status.SUPPORTED: "-m -c -n -b -ub -np --port --host"
+    Status.SUPPORTED: "-md --spec-type --spec-draft-n-max -m -c -n -b -ub -np --port --host"
     " --api-key --api-key-file --metrics"
     " --slots --props --cache-prompt -cram --temp --top-k --top-p --min-p -s --seed --jinja"
     " --chat-template --chat-template-kwargs -a -to --embedding --rerank --pooling --warmup"
@@ -201,6 +201,10 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "responses_store_ttl_secs": ("5", 5),
     "conversation_store_max_entries": ("7", 7),
     "conversation_store_ttl_secs": ("9", 9),
+    "spec_type": ("ngram-simple", "ngram-simple"),
+    "spec_draft_model": ("draft.gguf", "draft.gguf"),
+    "spec_draft_n_max": ("8", 8),
+    "spec_draft_n_min": ("2", 2),
 }
 
 

@@ -89,7 +89,7 @@ _DOWNLOAD = "mlxcel never downloads models; pass a local file, directory or cach
 _PRESET = "presets download models; mlxcel never downloads (use -m)"
 _SAMPLER = "this sampler is not implemented"
 _SAMPLER_TUNE = "tunes a sampler that is not implemented"
-_SPEC = "speculative decoding is not supported yet"
+_SPEC = "speculative-decoding presets are not supported"
 _SPEC_TUNE = "tunes speculative decoding, which is not supported yet"
 _MULTIMODAL = "multimodal projectors are not supported"
 _TOOLS = "built-in server tools, MCP and agent mode are not supported"
@@ -598,9 +598,9 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
      "",
         ign(_OFFLOAD)),
     (_SERVER, "--spec-draft-n-max N", "LLAMA_ARG_SPEC_DRAFT_N_MAX", "3",
-        ign(_SPEC_TUNE)),
+        sup("spec_draft_n_max")),
     (_SERVER, "--spec-draft-n-min N", "LLAMA_ARG_SPEC_DRAFT_N_MIN", "0",
-        ign(_SPEC_TUNE)),
+        sup("spec_draft_n_min")),
     (_SERVER, "--spec-draft-p-split, --draft-p-split P", "LLAMA_ARG_SPEC_DRAFT_P_SPLIT", "0.10",
         ign(_SPEC_TUNE)),
     (_SERVER, "--spec-draft-p-min, --draft-p-min P", "LLAMA_ARG_SPEC_DRAFT_P_MIN", "0.00",
@@ -621,13 +621,13 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
      "--spec-draft-model, -md, --model-draft FNAME",
      "LLAMA_ARG_SPEC_DRAFT_MODEL",
      "unused",
-        ref(_SPEC)),
+        sup("spec_draft_model")),
     (_SERVER,
      "--spec-type none,draft-simple,draft-eagle3,draft-mtp,draft-dflash,draft-dspark,"
      "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache",
      "LLAMA_ARG_SPEC_TYPE",
      "none",
-        ref(_SPEC, noop=("none",))),
+        sup("spec_type", "none, ngram-simple (prompt lookup) and draft-simple (draft model)")),
     (_SERVER, "--spec-ngram-mod-n-min N", "", "48",
         ign(_SPEC_TUNE)),
     (_SERVER, "--spec-ngram-mod-n-max N", "", "64",

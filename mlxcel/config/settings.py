@@ -153,6 +153,33 @@ class Settings(BaseModel):
         group="chat",
         ge=-1,
     )
+    spec_type: Literal["none", "ngram-simple", "draft-simple"] = _f(
+        "none",
+        "Speculative decoding: none, ngram-simple (prompt lookup), draft-simple (draft model)",
+        env="LLAMA_ARG_SPEC_TYPE",
+        group="sampling",
+    )
+    spec_draft_model: str | None = _f(
+        None,
+        "Draft model for speculative decoding (implies --spec-type draft-simple)",
+        env="LLAMA_ARG_SPEC_DRAFT_MODEL",
+        group="model",
+    )
+    spec_draft_n_max: int = _f(
+        3,
+        "Most tokens drafted per verify round",
+        env="LLAMA_ARG_SPEC_DRAFT_N_MAX",
+        group="sampling",
+        ge=1,
+        le=64,
+    )
+    spec_draft_n_min: int = _f(
+        0,
+        "Fewest drafted tokens worth a verify round",
+        env="LLAMA_ARG_SPEC_DRAFT_N_MIN",
+        group="sampling",
+        ge=0,
+    )
     special: bool = _f(False, "Output special tokens", env="MLXCEL_SPECIAL", group="chat")
 
     # --- sampling ----------------------------------------------------------------------
