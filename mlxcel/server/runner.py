@@ -31,6 +31,7 @@ from mlxcel.server.state import ServerState
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.loading.model import LoadedModel
+    from mlxcel.engine.text.speculative import SpeculationConfig
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,41 @@ def audio_only(settings: Settings) -> bool:
     return audio_wanted(settings) and not settings.model and not settings.embedding
 
 
+def speculation_config(settings: Settings, loaded: LoadedModel) -> SpeculationConfig | None:
+    """Speculative decoding from `--spec-type` and `--spec-draft-model` (None: off).
+
+    A draft model (`-md`) means draft-model speculation whatever `--spec-type` says (it is
+    loaded here, like the main model); `ngram-simple` is prompt lookup. The draft lengths are
+    `--spec-draft-n-max` and `--spec-draft-n-min`. `loaded` is the target model: the engine
+    checks that a draft model shares its vocabulary.
+    """
+    from mlxcel.config import SettingsError
+    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.text.speculative import SpeculationConfig
+
+    spec_type = str(settings.spec_type or "none")
+    draft_ref = settings.spec_draft_model
+    n_max = int(settings.spec_draft_n_max)
+    n_min = int(settings.spec_draft_n_min)
+    if not draft_ref and spec_type in ("none", ""):
+        return None
+    if n_max < 1 or not 0 <= n_min <= n_max:
+        raise SettingsError(
+            f"--spec-draft-n-max must be >= 1 and --spec-draft-n-min between 0 and it "
+            f"(got {n_max} and {n_min})"
+        )
+    if draft_ref:
+        draft = load_model(draft_ref, store_dir=settings.model_store, cpu_dtype=settings.cpu_dtype)
+        return SpeculationConfig("draft", n_max=n_max, n_min=n_min, draft=draft)
+    if spec_type == "ngram-simple":
+        return SpeculationConfig("prompt-lookup", n_max=n_max, n_min=n_min)
+    if spec_type == "draft-simple":
+        raise SettingsError("--spec-type draft-simple needs a draft model (--spec-draft-model)")
+    raise SettingsError(
+        f"--spec-type {spec_type}: not supported (none, ngram-simple, draft-simple)"
+    )
+
+
 def load_into(state: ServerState) -> None:
     """Load the model and start the engine; fill `state` (ready once `state.client` is set)."""
     from mlxcel.engine.loading import load_model
@@ -155,6 +191,7 @@ def load_into(state: ServerState) -> None:
         prefill_chunk=settings.batch_size,
         max_queue_depth=settings.max_queue_depth,
         prompt_cache=cache,
+        speculation=speculation_config(settings, loaded),
     ).start()
     if settings.warmup:
         _warm_up(engine, loaded)

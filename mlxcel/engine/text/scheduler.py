@@ -5,6 +5,11 @@ in chunks while other slots decode, and every decoding slot advances in one batc
 forward per step (mlx-lm's `BatchGenerator`). Output goes back as `GenerationEvent`s
 through a callback that the caller supplies (an asyncio queue bridge in the server, a
 plain queue in the CLI).
+
+Speculative decoding (`speculation=`): while exactly one sequence holds a slot and it is
+greedy with no logits processor, it leaves the generator for a solo lane that drafts tokens
+(prompt lookup or a draft model) and verifies them in one forward per round
+(`mlxcel.engine.text.speculative.lane`); with two or more sequences, all decode batched.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from mlxcel.engine.text.request import (
     Timings,
     TokenLogprob,
 )
+from mlxcel.engine.text.speculative import SpeculationConfig
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +103,8 @@ class _Job:
     loop: Any = None
     finished: bool = False
     flush: Callable[[], None] | None = None  # the sink's `flush`, if it has one
+    sampler: Any = None
+    spec: Any = None  # speculative.lane.SequenceSpeculation when the request may speculate
 
 
 class TextEngine:
@@ -114,6 +122,7 @@ class TextEngine:
         prefill_chunk: int = 2048,
         max_queue_depth: int = 64,
         prompt_cache: Any = None,
+        speculation: SpeculationConfig | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
@@ -139,6 +148,13 @@ class TextEngine:
         self._no_stops: Any = None
         self._seen: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
         self._to_flush: set[Callable[[], None]] = set()  # engine thread only
+        self._spec: Any = None  # speculative.lane.Speculator
+        if speculation is not None:
+            from mlxcel.engine.text.speculative.lane import Speculator
+
+            self._spec = Speculator(speculation, loaded, prefill_chunk=self.prefill_chunk)
+        self._lane: Any = None  # the SoloLane running `_lane_job` (engine thread only)
+        self._lane_job: _Job | None = None
 
     # ---------------------------------------------------------------- public API
 
@@ -275,6 +291,8 @@ class TextEngine:
             try:
                 for job in admitted:
                     self._admit(generator, job)
+                if self._spec is not None and self._speculate(generator):
+                    continue
                 if self._by_uid:
                     self._step(generator)
             except Exception as exc:  # keep the engine alive: fail what was running
@@ -322,6 +340,9 @@ class TextEngine:
             processors = [*processors, grammar_processor(request.grammar)]
         if request.thinking is not None:
             processors = [*processors, request.thinking.processor(self.tokenizer)]
+        job.sampler = sampler
+        if self._spec is not None and self._spec.eligible(request, processors):
+            job.spec = self._spec.sequence()
         (uid,) = generator.insert(
             [prompt[job.cache_n :]],
             max_tokens=[job.max_tokens],
@@ -349,6 +370,68 @@ class TextEngine:
             if job is None or job.finished:
                 continue
             self._on_token(generator, job, r, now)
+
+    def _speculate(self, generator: Any) -> bool:
+        """Run a solo-lane round when one sequence decodes alone; False: step the generator."""
+        lane, job = self._lane, self._lane_job
+        if lane is None or job is None:
+            if len(self._running) != 1 or len(self._by_uid) != 1:
+                return False
+            (job,) = self._by_uid.values()
+            seq = job.spec
+            if (
+                seq is None
+                or job.n_generated < seq.enter_at
+                or job.max_tokens - job.n_generated < 2
+            ):
+                return False
+            del self._by_uid[job.uid]
+            lane = self._spec.enter(generator, job.uid, seq, job.sampler)
+            self._lane, self._lane_job = lane, job
+        elif len(self._running) > 1 or lane.dry:
+            self._leave_lane(generator)
+            return False
+        self._lane_round(generator, lane, job)
+        return True
+
+    def _lane_round(self, generator: Any, lane: Any, job: _Job) -> None:
+        from mlxcel.engine.text.speculative.lane import LaneToken
+
+        start = time.perf_counter()
+        tokens = lane.round(job.max_tokens - job.n_generated)
+        now = time.perf_counter()
+        c = self.counters
+        c.decode_steps += 1
+        c.busy_slots_per_decode_total += 1
+        c.decode_seconds_total += now - start
+        eos = () if job.request.ignore_eos else self.tokenizer.eos_token_ids
+        for token, row in tokens:
+            r = LaneToken(token, row)
+            if job.n_generated + 1 >= job.max_tokens:
+                r.finish_reason = "length"
+            if token in eos:
+                r.finish_reason = "stop"
+            if r.finish_reason is not None:
+                r.prompt_cache, r.all_tokens = lane.release()
+            self._on_token(generator, job, r, now)
+            if job.finished:
+                return
+
+    def _leave_lane(self, generator: Any) -> None:
+        """Hand the lane's sequence back to the generator, to decode batched."""
+        lane, job = self._lane, self._lane_job
+        self._lane = self._lane_job = None
+        if lane is None or job is None or job.finished:
+            return
+        request = job.request
+        job.uid = lane.hand_back(
+            generator,
+            n_generated=job.n_generated,
+            max_tokens=job.max_tokens - job.n_generated,
+            sampler=job.sampler,
+            stop_sequences=self._no_stops if request.ignore_eos else self._eos_stops,
+        )
+        self._by_uid[job.uid] = job
 
     def _count_step(self, generator: Any, n_decoded: int, prefilled: bool) -> None:
         """Fold the generator's own counters (never decreasing) into ours."""
@@ -405,6 +488,11 @@ class TextEngine:
 
     def _remove(self, generator: Any, job: _Job) -> None:
         """Take `job` out of the generator, keeping its KV cache when caching applies."""
+        if job is self._lane_job and self._lane is not None:
+            cache, tokens = self._lane.release()
+            self._lane = self._lane_job = None
+            self._store_prompt_cache(job, tokens, cache)
+            return
         if not self._caching(job):
             generator.remove([job.uid])
             return
@@ -478,6 +566,8 @@ class TextEngine:
         if job.finished:
             return
         job.finished = True
+        if job is self._lane_job:
+            self._lane = self._lane_job = None
         end = time.perf_counter()
         first = job.first_token or end
         timings = Timings(
@@ -487,6 +577,12 @@ class TextEngine:
             predicted_ms=(end - first) * 1000,
             cache_n=job.cache_n,
         )
+        spec = job.spec
+        if spec is not None and spec.draft_rounds:
+            timings.draft_n = spec.draft_n
+            timings.draft_n_accepted = spec.draft_n_accepted
+            timings.draft_rounds = spec.draft_rounds
+            timings.draft_kind = spec.kind
         with self._cond:
             self._by_uid.pop(job.uid, None)
             if self._running.pop(job.request.request_id, None) is not None:
