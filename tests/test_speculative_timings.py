@@ -90,3 +90,22 @@ def test_no_timings_without_speculation(hf_tokenizer: Any, path: str, body: dict
 def test_timings_dict_adds_draft_fields_only_after_a_round() -> None:
     assert "draft_n" not in Timings(prompt_n=1).to_dict()
     assert Timings(**DRAFT).to_dict()["draft_kind"] == "prompt-lookup"
+
+
+def test_prompt_lookup_through_the_real_server(tiny_llama_dir: Path) -> None:
+    """`--spec-type ngram-simple`: same greedy text as without it, and draft timings."""
+    from server_harness import ServeProcess
+
+    prompt = " ".join(["a b c d e f g"] * 4)
+    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0}
+    texts = []
+    for extra in (["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"], []):
+        with ServeProcess(["-m", str(tiny_llama_dir), "-np", "1", *extra]).start() as server:
+            answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+        texts.append(answer["choices"][0]["text"])
+        if extra:
+            assert answer["timings"]["draft_rounds"] >= 1
+            assert answer["timings"]["draft_kind"] == "prompt-lookup"
+        else:
+            assert "timings" not in answer
+    assert texts[0] == texts[1]
