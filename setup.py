@@ -9,5 +9,9 @@ packages += ["mlxcel.configs"]
 setup(
     packages=packages,
     package_dir={"mlxcel.commands": "commands", "mlxcel.configs": "configs"},
-    package_data={"mlxcel": ["py.typed"], "mlxcel.configs": ["*.toml"]},
+    package_data={
+        "mlxcel": ["py.typed"],
+        "mlxcel.configs": ["*.toml"],
+        "mlxcel.engine.cpu_kernels": ["*.cpp"],  # compiled on the user's machine
+    },
 )

@@ -1,4 +1,4 @@
-"""The CPU path, before and after: bundled BLAS vs OpenBLAS, kept weights vs float32.
+"""The CPU path, before and after: bundled BLAS vs OpenBLAS; kept weights, float32, kernel.
 
 Each configuration runs `mlxcel bench --json` in its own process (the BLAS is chosen when a
 process starts, before MLX loads), on the embedded default model (SmolLM2-135M, GGUF Q4_1)
@@ -7,9 +7,13 @@ the "before" configuration (MLX's bundled BLAS, weights as stored: what plain ml
 
     .venv/bin/python bench/cpu_path.py [-p 64] [-n 24] [-r 2]
 
-For scale it also prints the ratio to llama-server on the same GGUF, from the reference
-figures the speed issue quotes for a 2-core x86_64 box like this one (127-131 tok/s prefill,
-63-73 decode; llama-server cannot be installed here, so it is not re-measured).
+"after" is the default (`--cpu-dtype auto`): quantized weights stay packed and decode runs
+on mlxcel's CPU kernel, prefill on a float32 copy through OpenBLAS.
+
+For scale it prints the ratio to llama.cpp on the same GGUF: pass `--llama-bench PATH` (a
+`llama-bench` built from llama.cpp; it runs in the same session with as many threads as
+there are cores), else the reference figures the speed issue quotes for a 2-core x86_64
+box (llama-server 127-131 tok/s prefill, 63-73 decode) are used and labelled as such.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from _common import ROOT, bench_model
 
@@ -30,7 +35,9 @@ CONFIGS = (
     ("before: bundled BLAS, weights kept", {"MLXCEL_BLAS": "off", "MLXCEL_CPU_DTYPE": "keep"}),
     ("OpenBLAS, weights kept", {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "keep"}),
     ("bundled BLAS, float32", {"MLXCEL_BLAS": "off", "MLXCEL_CPU_DTYPE": "float32"}),
-    ("after: OpenBLAS, float32", {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "float32"}),
+    ("OpenBLAS, float32", {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "float32"}),
+    ("bundled BLAS + mlxcel kernel (auto)", {"MLXCEL_BLAS": "off", "MLXCEL_CPU_DTYPE": "auto"}),
+    ("after: OpenBLAS + mlxcel kernel (auto)", {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "auto"}),
 )
 
 
@@ -49,30 +56,62 @@ def run_bench(model: str | None, env: dict[str, str], args: argparse.Namespace) 
     return {**rates, "blas": data["model"].get("blas", "?")}
 
 
-def report(title: str, model: str | None, args: argparse.Namespace, *, gguf: bool) -> None:
+def default_gguf() -> str:
+    """Path of the embedded default model's GGUF (for llama-bench)."""
+    code = "from mlxcel.engine.loading.default_model import default_model_path as p; print(p())"
+    python = str(ROOT / ".venv" / "bin" / "python")
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def llama_cpp_rates(binary: str | None, args: argparse.Namespace) -> tuple[dict[str, float], str]:
+    """llama.cpp's {"pp", "tg"} tok/s on the same GGUF, and where they come from."""
+    if not binary:
+        return LLAMA_SERVER_REFERENCE, "llama-server (issue's reference figures, not re-measured)"
+    cmd = [binary, "-m", default_gguf(), "-p", str(args.p), "-n", str(args.n)]
+    cmd += ["-r", str(max(2, args.r)), "-t", str(os.cpu_count() or 1), "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise SystemExit(f"llama-bench failed: {out.stderr.strip().splitlines()[-1:]}")
+    rates = {}
+    for row in json.loads(out.stdout):
+        kind = "pp" if row.get("n_prompt", 0) > 0 else "tg"
+        rates[kind] = float(row["avg_ts"])
+    return rates, f"llama.cpp {Path(binary).name}, same GGUF, measured in this run"
+
+
+def report(
+    title: str,
+    model: str | None,
+    args: argparse.Namespace,
+    *,
+    reference: tuple[dict[str, float], str] | None,
+) -> None:
     print(f"\n== {title} (pp{args.p}, tg{args.n}, {args.r} runs each)")
+    gguf = reference is not None
+    llama = reference[0] if reference else {}
     rows = []
     for name, env in CONFIGS:
         rows.append((name, run_bench(model, env, args)))
     base = rows[0][1]
     header = f"{'configuration':38} {'pp t/s':>8} {'x':>6} {'tg t/s':>8} {'x':>6}"
-    print(header + ("   vs llama-server pp / tg" if gguf else ""))
+    print(header + ("   vs llama.cpp pp / tg" if gguf else ""))
     for name, r in rows:
         line = (
             f"{name:38} {r['pp']:8.1f} {r['pp'] / base['pp']:5.2f}x"
             f" {r['tg']:8.2f} {r['tg'] / base['tg']:5.2f}x"
         )
         if gguf:
-            pp = r["pp"] / LLAMA_SERVER_REFERENCE["pp"]
-            tg = r["tg"] / LLAMA_SERVER_REFERENCE["tg"]
+            pp = r["pp"] / llama["pp"]
+            tg = r["tg"] / llama["tg"]
             line += f"   {pp:.2f}x / {tg:.2f}x"
         print(line)
-    if gguf:
+    if reference is not None:
+        print(f"llama.cpp: pp {llama['pp']:.1f} tok/s, tg {llama['tg']:.1f} tok/s ({reference[1]})")
         after = rows[-1][1]
         for kind in ("pp", "tg"):
-            ratio = after[kind] / LLAMA_SERVER_REFERENCE[kind]
+            ratio = after[kind] / llama[kind]
             verdict = "met" if ratio >= TARGETS[kind] else "not met"
-            print(f"target {kind} >= {TARGETS[kind]}x llama-server: {ratio:.2f}x ({verdict})")
+            print(f"target {kind} >= {TARGETS[kind]}x llama.cpp: {ratio:.2f}x ({verdict})")
 
 
 def main() -> None:
@@ -80,12 +119,14 @@ def main() -> None:
     parser.add_argument("-p", type=int, default=64, help="prompt tokens")
     parser.add_argument("-n", type=int, default=24, help="generated tokens")
     parser.add_argument("-r", type=int, default=2, help="timed runs per test")
+    parser.add_argument("--llama-bench", help="a llama.cpp llama-bench binary to compare with")
     args = parser.parse_args()
-    report("SmolLM2-135M-Instruct Q4_1 (embedded default)", None, args, gguf=True)
+    reference = llama_cpp_rates(args.llama_bench, args)
+    report("SmolLM2-135M-Instruct Q4_1 (embedded default)", None, args, reference=reference)
     fixture = bench_model()
-    report(f"fixture: float32 llama {fixture.name}", str(fixture), args, gguf=False)
+    report(f"fixture: float32 llama {fixture.name}", str(fixture), args, reference=None)
     print(
-        "\n(float32 rows equal the kept rows on the fixture: its weights are float32 already.)",
+        "\n(on the fixture every weight is float32 already: the dtype rows equal the kept ones.)",
         file=sys.stderr,
     )
 

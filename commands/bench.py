@@ -30,6 +30,7 @@ CSV_COLUMNS = (
     "n_params",
     "backend",
     "blas",
+    "cpu_kernels",
     "test",
     "kind",
     "n_prompt",
@@ -245,7 +246,8 @@ def _backend(report: BenchReport) -> str:
     m = report.model
     if not m.blas:
         return m.backend
-    return f"{m.backend} ({m.blas.split(' (')[0]})"
+    kernel = " + mlxcel kernel" if "mlxcel CPU kernel" in m.quantization else ""
+    return f"{m.backend} ({m.blas.split(' (')[0]}{kernel})"
 
 
 def _model_label(report: BenchReport) -> str:
@@ -321,6 +323,7 @@ def _print_csv(report: BenchReport) -> None:
                 m.n_params,
                 m.backend,
                 m.blas,
+                m.cpu_kernels,
                 r.name,
                 r.kind,
                 r.n_prompt,

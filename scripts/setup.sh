@@ -33,6 +33,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# mlxcel's CPU kernel (quantized matmuls on MLX's CPU backend) is compiled here once per
+# mlx/nanobind/source version; without a compiler mlxcel falls back to float32 weights.
+if [ "$(uname -s)" = "Linux" ]; then
+  .venv/bin/python -m mlxcel.engine.cpu_kernels.build >&2 || \
+    echo "mlxcel setup: the CPU kernel was not built; float32 weights will be used" >&2
+fi
+
 if [ "${1:-}" = "--install" ]; then
   exit 0
 fi

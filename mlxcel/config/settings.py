@@ -76,7 +76,7 @@ class Settings(BaseModel):
     )
     cpu_dtype: Literal["auto", "float32", "keep"] = _f(
         "auto",
-        "Weight dtype on the CPU backend (auto: float32 when it fits)",
+        "Quantized weights on the CPU backend (auto: mlxcel's kernel + float32 prefill copy)",
         env="MLXCEL_CPU_DTYPE",
         group="model",
     )

@@ -76,6 +76,7 @@ class ModelSummary:
     n_params: int
     backend: str  # "CPU" | "Metal" | "CUDA"
     blas: str  # what MLX's CPU matmuls run on ("" off the CPU backend)
+    cpu_kernels: str = ""  # mlxcel's CPU kernel status ("" off the CPU backend)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +88,7 @@ class ModelSummary:
             "n_params": self.n_params,
             "backend": self.backend,
             "blas": self.blas,
+            "cpu_kernels": self.cpu_kernels,
         }
 
 
@@ -203,13 +205,14 @@ def summarize_model(loaded: LoadedModel) -> ModelSummary:
     import mlx.core as mx
 
     from mlxcel.engine.blas import blas_in_use
+    from mlxcel.engine.cpu_kernels.build import kernel_status
 
     size, n_params = _weights(loaded.model)
     if mx.default_device().type == mx.DeviceType.gpu:
         backend = "Metal" if mx.metal.is_available() else "CUDA"
-        blas = ""
+        blas = kernels = ""
     else:
-        backend, blas = "CPU", blas_in_use()
+        backend, blas, kernels = "CPU", blas_in_use(), kernel_status()
     info = loaded.info
     return ModelSummary(
         name=info.name,
@@ -220,6 +223,7 @@ def summarize_model(loaded: LoadedModel) -> ModelSummary:
         n_params=n_params,
         backend=backend,
         blas=blas,
+        cpu_kernels=kernels,
     )
 
 
@@ -486,7 +490,7 @@ def _weights(model: Any) -> tuple[int, int]:
         if owner in bits:
             if leaf == "weight":
                 n_params += int(value.size) * 32 // bits[owner]
-            elif leaf not in ("scales", "biases"):
+            elif leaf not in ("scales", "biases", "dense"):  # dense: a float32 copy
                 n_params += int(value.size)
         else:
             n_params += int(value.size)

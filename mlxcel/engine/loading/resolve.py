@@ -29,9 +29,11 @@ def load_model(
 
     `ref` may be a `.gguf` file, a local MLX/Hugging Face directory, or a Hugging
     Face repo id found in the local cache. `chat_template` overrides the model's.
-    `cpu_dtype` (CPU backend only): `keep` leaves quantized weights packed; `float32`
-    dequantizes them at load; `auto` does so when the float32 weights fit comfortably in
-    memory (quantized matmuls run several times slower than float32 ones on the CPU).
+    `cpu_dtype` (CPU backend only): `keep` leaves quantized weights packed for MLX's own
+    (slow on the CPU) quantized matmul; `float32` dequantizes them at load; `auto` runs
+    them on mlxcel's CPU kernel (packed weights, several times faster than float32 for
+    decode) with a float32 copy for prefill when it fits comfortably in memory, and falls
+    back to `float32` when the kernel cannot be built here.
     """
     if not ref:
         loaded = _load_gguf(default_model_path(), store_dir, source="default")
@@ -49,20 +51,51 @@ def load_model(
     if chat_template is not None:
         loaded.tokenizer.chat_template = chat_template
     _use_float32_on_cpu(loaded.model)
-    if _should_dequantize(loaded, cpu_dtype):
-        _dequantize(loaded.model)
-        loaded.info = _with(loaded.info, quantization=f"{loaded.info.quantization} → float32")
+    _apply_cpu_dtype(loaded, cpu_dtype)
     return loaded
 
 
-def _should_dequantize(loaded: LoadedModel, policy: str) -> bool:
+def _apply_cpu_dtype(loaded: LoadedModel, policy: str) -> None:
     import mlx.core as mx
 
-    if policy == "keep" or mx.default_device() != mx.cpu:
-        return False
-    if policy == "float32":
-        return True
-    # auto: float32 weights must take at most a quarter of the machine's memory
+    if policy == "keep" or mx.default_device() != mx.cpu or not _is_quantized(loaded.model):
+        return
+    fits = _float32_fits(loaded)
+    if policy == "auto":
+        from mlxcel.engine.cpu_kernels.build import load_kernels
+        from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
+
+        kernels = load_kernels()
+        # The float32 copy only pays for prefill on a real BLAS; MLX's bundled reference BLAS
+        # is slower than the kernel at any size.
+        dense = fits and _fast_blas()
+        if kernels is not None and use_cpu_kernels(loaded.model, kernels, dense=dense):
+            note = " + float32 for prefill" if dense else ""
+            quant = f"{loaded.info.quantization} (mlxcel CPU kernel{note})"
+            loaded.info = _with(loaded.info, quantization=quant)
+            return
+    if policy == "float32" or fits:
+        _dequantize(loaded.model)
+        loaded.info = _with(loaded.info, quantization=f"{loaded.info.quantization} → float32")
+
+
+def _fast_blas() -> bool:
+    from mlxcel.engine.blas import blas_in_use
+
+    return not blas_in_use().startswith("bundled reference BLAS")
+
+
+def _is_quantized(model: Any) -> bool:
+    import mlx.nn as nn
+
+    return any(
+        isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+        for _, module in model.named_modules()
+    )
+
+
+def _float32_fits(loaded: LoadedModel) -> bool:
+    """Float32 weights take at most a quarter of the machine's memory."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

@@ -13,6 +13,7 @@ from starlette.responses import PlainTextResponse
 
 from mlxcel import __version__
 from mlxcel.engine.blas import blas_in_use
+from mlxcel.engine.cpu_kernels.build import kernel_status
 from mlxcel.engine.defaults import sampling_from_settings
 from mlxcel.engine.text.prompt_cache import disabled_reset, disabled_stats
 from mlxcel.server.errors import APIError, bad_request, install_error_handlers, server_busy
@@ -84,6 +85,7 @@ def props_payload(state: ServerState) -> dict[str, Any]:
         },
         "total_slots": engine.n_slots,
         "blas": blas_in_use(),
+        "cpu_kernels": kernel_status(),
         "model_alias": name,
         "model_path": model_file_name(state),
         "modalities": {"vision": False, "video": False, "audio": False},

@@ -1,0 +1,520 @@
+// mlxcel CPU kernel: x @ dequantize(w).T for MLX's affine-quantized weights (4 or 8 bits).
+//
+// MLX's CPU backend runs quantized matmuls through a generic loop that is several times
+// slower than a float32 GEMV, so on the CPU decoding a quantized model used to need its
+// weights dequantized to float32 (4 bytes a weight read per token). This primitive reads the
+// packed weights (0.5 or 1 byte a weight plus the group scales and biases) and dequantizes
+// them in registers. Each output row is computed with a fixed order of operations that does
+// not depend on how many rows are in the batch, so a sequence gets bit-identical logits
+// whether it decodes alone, in a batch, or in a speculative verify round.
+//
+// Built by mlxcel/engine/cpu_kernels/build.py against the installed mlx and nanobind.
+
+#include <nanobind/nanobind.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>  // SIMD intrinsics, and _mm_pause for the worker pool's spin
+#endif
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+namespace mx = mlx::core;
+namespace nb = nanobind;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Worker pool: splits the output rows of one matmul across the machine's cores. Tasks are
+// tiny (tens of microseconds), so workers spin briefly before sleeping.
+
+class RowPool {
+ public:
+  static RowPool& instance() {
+    static RowPool pool;
+    return pool;
+  }
+
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void set_threads(int n) {
+    stop();
+    n = std::max(1, n);
+    stop_flag_ = false;
+    for (int i = 1; i < n; ++i) {
+      workers_.emplace_back([this, i] { loop(i); });
+    }
+  }
+
+  // Run fn(begin, end) over [0, total) in `threads()` contiguous chunks.
+  void run(int64_t total, const std::function<void(int64_t, int64_t)>& fn) {
+    // Two MLX CPU streams (two engines) may call in at once: one job at a time.
+    std::lock_guard<std::mutex> run_lock(run_mutex_);
+    int n = threads();
+    if (n == 1 || total < 64) {
+      fn(0, total);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &fn;
+      total_ = total;
+      pending_.store(n - 1, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    chunk(0, n, fn);
+    while (pending_.load(std::memory_order_acquire) != 0) {
+#if defined(__x86_64__)
+      _mm_pause();
+#endif
+    }
+  }
+
+  ~RowPool() { stop(); }
+
+ private:
+  RowPool() { set_threads(1); }
+
+  void chunk(int index, int n, const std::function<void(int64_t, int64_t)>& fn) {
+    int64_t per = (total_ + n - 1) / n;
+    int64_t begin = std::min<int64_t>(total_, per * index);
+    int64_t end = std::min<int64_t>(total_, begin + per);
+    if (begin < end) fn(begin, end);
+  }
+
+  void loop(int index) {
+    uint64_t seen = 0;
+    while (true) {
+      uint64_t gen = 0;
+      for (int spin = 0; spin < 20000; ++spin) {
+        gen = generation_.load(std::memory_order_acquire);
+        if (gen != seen || stop_flag_) break;
+#if defined(__x86_64__)
+        _mm_pause();
+#endif
+      }
+      if (gen == seen && !stop_flag_) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] {
+          return generation_.load(std::memory_order_acquire) != seen || stop_flag_;
+        });
+        gen = generation_.load(std::memory_order_acquire);
+      }
+      if (stop_flag_) return;
+      seen = gen;
+      chunk(index, threads(), *job_);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_flag_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::mutex run_mutex_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_flag_{false};
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t total_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// Kernels. Layout (MLX affine quantization): w is [N, K * bits / 32] uint32 with the values
+// of a row packed low bits first; scales and biases are [N, K / group_size] float32;
+// w_real = scale * q + bias. x is [M, K] float32 (row-contiguous), out is [M, N].
+//
+// For 4 bits the kernel multiplies the low nibbles of each byte with the even entries of x
+// and the high nibbles with the odd ones, so x is split once per call into
+// (even, odd) halves per 32-value block. The bias term uses per-group sums of x.
+
+struct Prepared {
+  std::vector<float> xs;    // [M, K] x reordered per 32-block: 16 even entries, 16 odd
+  std::vector<float> xsum;  // [M, K / group_size] sums of x over each group
+};
+
+Prepared prepare(const float* x, int64_t M, int64_t K, int group_size, int bits) {
+  Prepared p;
+  p.xs.resize(static_cast<size_t>(M * K));
+  int64_t groups = K / group_size;
+  p.xsum.resize(static_cast<size_t>(M * groups));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    float* out = p.xs.data() + m * K;
+    if (bits == 4) {
+      for (int64_t b = 0; b < K; b += 32) {
+        for (int j = 0; j < 16; ++j) {
+          out[b + j] = xr[b + 2 * j];
+          out[b + 16 + j] = xr[b + 2 * j + 1];
+        }
+      }
+    } else {
+      std::memcpy(out, xr, sizeof(float) * K);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int j = 0; j < group_size; ++j) s += xr[g * group_size + j];
+      p.xsum[m * groups + g] = s;
+    }
+  }
+  return p;
+}
+
+// Per instruction set: a vector type Vec with zero/add/fma/set1/hsum, and block4/block8
+// that multiply one 32-value block of a weight row with up to MB rows of x (acc[m]).
+#if defined(__AVX512F__)
+#define MLXCEL_SIMD "avx512"
+using Vec = __m512;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec vset1(float v) { return _mm512_set1_ps(v); }
+inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
+
+template <int MB>
+inline void block4(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
+  __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wq));
+  __m128i mask = _mm_set1_epi8(0x0F);
+  __m128i lo = _mm_and_si128(bytes, mask);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  Vec wlo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
+  Vec whi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
+  for (int m = 0; m < MB; ++m) {
+    const float* xm = xs + m * K;
+    Vec t = _mm512_mul_ps(whi, _mm512_loadu_ps(xm + 16));
+    acc[m] = _mm512_fmadd_ps(wlo, _mm512_loadu_ps(xm), t);
+  }
+}
+
+template <int MB>
+inline void block8(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
+  Vec w0 = _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wq))));
+  Vec w1 = _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wq + 16))));
+  for (int m = 0; m < MB; ++m) {
+    const float* xm = xs + m * K;
+    Vec t = _mm512_mul_ps(w1, _mm512_loadu_ps(xm + 16));
+    acc[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xm), t);
+  }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MLXCEL_SIMD "avx2"
+using Vec = __m256;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vset1(float v) { return _mm256_set1_ps(v); }
+inline float hsum(Vec v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 shuf = _mm_movehdup_ps(lo);
+  __m128 sums = _mm_add_ps(lo, shuf);
+  shuf = _mm_movehl_ps(shuf, sums);
+  return _mm_cvtss_f32(_mm_add_ss(sums, shuf));
+}
+
+inline Vec bytes8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+template <int MB>
+inline void dot32(Vec w0, Vec w1, Vec w2, Vec w3, const float* xs, int64_t K, Vec* acc) {
+  for (int m = 0; m < MB; ++m) {
+    const float* xm = xs + m * K;
+    Vec t = _mm256_mul_ps(w3, _mm256_loadu_ps(xm + 24));
+    t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xm + 16), t);
+    t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xm + 8), t);
+    acc[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xm), t);
+  }
+}
+
+template <int MB>
+inline void block4(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
+  __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wq));
+  __m128i mask = _mm_set1_epi8(0x0F);
+  __m128i lo = _mm_and_si128(bytes, mask);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  dot32<MB>(bytes8(lo), bytes8(_mm_srli_si128(lo, 8)), bytes8(hi), bytes8(_mm_srli_si128(hi, 8)),
+            xs, K, acc);
+}
+
+template <int MB>
+inline void block8(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
+  __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wq));
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wq + 16));
+  dot32<MB>(bytes8(a), bytes8(_mm_srli_si128(a, 8)), bytes8(b), bytes8(_mm_srli_si128(b, 8)),
+            xs, K, acc);
+}
+#else
+// Portable fallback: scalar, with the same per-row order of operations.
+#define MLXCEL_SIMD "scalar"
+using Vec = float;
+inline Vec vzero() { return 0.0f; }
+inline Vec vadd(Vec a, Vec b) { return a + b; }
+inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
+inline Vec vset1(float v) { return v; }
+inline float hsum(Vec v) { return v; }
+
+template <int MB, int BITS>
+inline void block(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
+  for (int m = 0; m < MB; ++m) {
+    const float* xm = xs + m * K;
+    float sum = 0.0f;
+    for (int j = 0; j < 16; ++j) {
+      float lo = BITS == 4 ? static_cast<float>(wq[j] & 0x0F) : static_cast<float>(wq[j]);
+      float hi = BITS == 4 ? static_cast<float>(wq[j] >> 4) : static_cast<float>(wq[16 + j]);
+      sum += lo * xm[j] + hi * xm[16 + j];
+    }
+    acc[m] = sum;
+  }
+}
+
+template <int MB>
+inline void block4(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
+  block<MB, 4>(wq, xs, K, acc);
+}
+
+template <int MB>
+inline void block8(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
+  block<MB, 8>(wq, xs, K, acc);
+}
+#endif
+
+// MB rows of x (starting at m0) against weight rows [n_begin, n_end).
+template <int MB, int BITS>
+void rows_kernel(
+    const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
+    int64_t m0, int64_t K, int64_t N, int group_size, float* out, int64_t n_begin,
+    int64_t n_end) {
+  const int64_t groups = K / group_size;
+  const int64_t row_bytes = K * BITS / 8;
+  const int blocks = group_size / 32;
+  const float* xs = p.xs.data() + m0 * K;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const uint8_t* wr = w + n * row_bytes;
+    const float* sr = scales + n * groups;
+    const float* br = biases + n * groups;
+    Vec total[MB];
+    for (int m = 0; m < MB; ++m) total[m] = vzero();
+    for (int64_t g = 0; g < groups; ++g) {
+      Vec gacc[MB];
+      for (int m = 0; m < MB; ++m) gacc[m] = vzero();
+      for (int b = 0; b < blocks; ++b) {
+        int64_t k = g * group_size + b * 32;
+        Vec acc[MB];
+        if (BITS == 4) {
+          block4<MB>(wr + k / 2, xs + k, K, acc);
+        } else {
+          block8<MB>(wr + k, xs + k, K, acc);
+        }
+        for (int m = 0; m < MB; ++m) gacc[m] = vadd(gacc[m], acc[m]);
+      }
+      Vec s = vset1(sr[g]);
+      for (int m = 0; m < MB; ++m) total[m] = vfma(s, gacc[m], total[m]);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const float* xsum = p.xsum.data() + (m0 + m) * groups;
+      float bias = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) bias += br[g] * xsum[g];
+      out[(m0 + m) * N + n] = hsum(total[m]) + bias;
+    }
+  }
+}
+
+template <int BITS>
+void run_rows(
+    const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
+    int64_t M, int64_t K, int64_t N, int group_size, float* out, int64_t n_begin,
+    int64_t n_end) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4) {
+    rows_kernel<4, BITS>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+  }
+  switch (M - m0) {
+    case 3:
+      rows_kernel<3, BITS>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      break;
+    case 2:
+      rows_kernel<2, BITS>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      break;
+    case 1:
+      rows_kernel<1, BITS>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      break;
+    default:
+      break;
+  }
+}
+
+void qmatmul(
+    const float* x, const uint32_t* w, const float* scales, const float* biases, float* out,
+    int64_t M, int64_t K, int64_t N, int group_size, int bits) {
+  Prepared p = prepare(x, M, K, group_size, bits);
+  const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
+  RowPool::instance().run(N, [&](int64_t begin, int64_t end) {
+    if (bits == 4) {
+      run_rows<4>(wb, scales, biases, p, M, K, N, group_size, out, begin, end);
+    } else {
+      run_rows<8>(wb, scales, biases, p, M, K, N, group_size, out, begin, end);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// The MLX primitive and op.
+
+// A 4-byte-element input as the dispatched task sees it: its data pointer, and its shape
+// and strides when it is not row-contiguous.
+struct Operand {
+  const uint32_t* data;
+  bool row_contiguous;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+
+  static Operand of(const mx::array& a) {
+    Operand o{a.data<uint32_t>(), a.flags().row_contiguous, {}, {}};
+    if (!o.row_contiguous) {
+      for (int d = 0; d < a.ndim(); ++d) {
+        o.shape.push_back(a.shape(d));
+        o.strides.push_back(a.strides()[d]);
+      }
+    }
+    return o;
+  }
+
+  const void* contiguous(std::vector<uint32_t>& tmp) const {
+    if (row_contiguous) return data;
+    int64_t size = 1;
+    for (auto d : shape) size *= d;
+    tmp.resize(static_cast<size_t>(size));
+    std::vector<int64_t> index(shape.size(), 0);
+    for (int64_t i = 0; i < size; ++i) {
+      int64_t offset = 0;
+      for (size_t d = 0; d < shape.size(); ++d) offset += index[d] * strides[d];
+      tmp[static_cast<size_t>(i)] = data[offset];
+      for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+        if (++index[d] < shape[d]) break;
+        index[d] = 0;
+      }
+    }
+    return tmp.data();
+  }
+};
+
+class CpuQuantizedMatmul : public mx::Primitive {
+ public:
+  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    mx::array& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const mx::array& x = inputs[0];
+    int64_t K = x.shape(-1);
+    int64_t M = K == 0 ? 0 : static_cast<int64_t>(x.size()) / K;
+    int64_t N = out.shape(-1);
+    std::vector<Operand> ops;
+    for (const auto& a : inputs) {
+      encoder.set_input_array(a);
+      ops.push_back(Operand::of(a));
+    }
+    encoder.set_output_array(out);
+    encoder.dispatch([ops = std::move(ops), op = out.data<float>(), M, K, N,
+                      gs = group_size_, bits = bits_]() {
+      // Inputs are usually row-contiguous (x: the previous op's output; weights: packed
+      // at load); any that is not is gathered into a temporary first.
+      std::vector<uint32_t> tmp[4];
+      const void* p[4];
+      for (int i = 0; i < 4; ++i) p[i] = ops[i].contiguous(tmp[i]);
+      qmatmul(static_cast<const float*>(p[0]), static_cast<const uint32_t*>(p[1]),
+              static_cast<const float*>(p[2]), static_cast<const float*>(p[3]), op, M, K, N,
+              gs, bits);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxcel's quantized matmul kernel runs on the CPU only");
+  }
+
+  const char* name() const override { return "MlxcelCpuQuantizedMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuQuantizedMatmul*>(&other);
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
+mx::array quantized_matmul(
+    const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+    int group_size, int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (group_size < 32 || group_size % 32 != 0) {
+    throw std::invalid_argument("group_size must be a positive multiple of 32");
+  }
+  if (x.ndim() < 1 || w.ndim() != 2 || scales.ndim() != 2 || biases.ndim() != 2) {
+    throw std::invalid_argument("expected x [..., K], w/scales/biases [N, ...]");
+  }
+  if (w.dtype() != mx::uint32 || scales.dtype() != mx::float32 ||
+      biases.dtype() != mx::float32 || x.dtype() != mx::float32) {
+    throw std::invalid_argument("expected float32 x/scales/biases and uint32 w");
+  }
+  int64_t K = x.shape(-1);
+  int64_t N = w.shape(0);
+  if (K % group_size != 0 || w.shape(1) * 32 / bits != K ||
+      scales.shape(0) != N || scales.shape(1) != K / group_size ||
+      biases.shape(0) != N || biases.shape(1) != K / group_size) {
+    throw std::invalid_argument("shapes of x, w, scales and biases do not match");
+  }
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  mx::Shape shape = x.shape();
+  shape.back() = static_cast<int>(N);
+  return mx::array(
+      shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
+      {x, w, scales, biases});
+}
+
+}  // namespace
+
+NB_MODULE(_mlxcel_cpu_kernels, m) {
+  nb::module_::import_("mlx.core");
+  m.doc() = "mlxcel's CPU kernels for MLX (quantized matmul).";
+  m.def("quantized_matmul", &quantized_matmul, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
+        nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
+        "x @ dequantize(w, scales, biases).T on the CPU (float32 x; 4- or 8-bit affine w).");
+  m.def("set_threads", [](int n) { RowPool::instance().set_threads(n); }, nb::arg("n"),
+        "Threads the kernel splits output rows across.");
+  m.def("threads", [] { return RowPool::instance().threads(); });
+  m.attr("simd") = MLXCEL_SIMD;
+}

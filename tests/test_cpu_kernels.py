@@ -1,0 +1,287 @@
+"""mlxcel's CPU kernel: quantized matmuls on packed weights (an MLX extension built here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlxcel.engine.cpu_kernels import build
+from mlxcel.engine.cpu_kernels.layers import (
+    KERNEL_MAX_ROWS,
+    KernelQuantizedEmbedding,
+    KernelQuantizedLinear,
+)
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="the CPU kernel is built for Linux's CPU backend only"
+)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> ModuleType:
+    module = build.load_kernels()
+    assert module is not None, build.kernel_status()  # Linux with g++: it must build
+    return module
+
+
+def _weights(n: int, k: int, bits: int, group: int, seed: int = 0) -> tuple[mx.array, ...]:
+    rng = np.random.default_rng(seed)
+    w = mx.array(rng.standard_normal((n, k)).astype(np.float32))
+    packed, scales, biases = mx.quantize(w, group_size=group, bits=bits)
+    dense = mx.dequantize(packed, scales, biases, group_size=group, bits=bits)
+    return packed, scales, biases, dense
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 8, 17])
+def test_kernel_matches_dequantized_matmul(
+    kernels: ModuleType, bits: int, group: int, rows: int
+) -> None:
+    packed, scales, biases, dense = _weights(70, 256, bits, group, seed=rows)
+    x = mx.array(np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32))
+    got = kernels.quantized_matmul(x, packed, scales, biases, group, bits)
+    assert got.shape == (rows, 70) and got.dtype == mx.float32
+    np.testing.assert_allclose(np.array(got), np.array(x @ dense.T), rtol=1e-4, atol=1e-4)
+
+
+def test_rows_are_computed_independently_bit_for_bit(kernels: ModuleType) -> None:
+    """A sequence's logits do not depend on what else is in the batch."""
+    packed, scales, biases, _ = _weights(96, 192, 4, 64)
+    x = mx.array(np.random.default_rng(1).standard_normal((7, 192)).astype(np.float32))
+    batch = np.array(kernels.quantized_matmul(x, packed, scales, biases, 64, 4))
+    for i in range(7):
+        alone = np.array(kernels.quantized_matmul(x[i : i + 1], packed, scales, biases, 64, 4))
+        assert np.array_equal(alone[0], batch[i])
+
+
+def test_strided_inputs_and_leading_dims(kernels: ModuleType) -> None:
+    packed, scales, biases, dense = _weights(40, 128, 8, 32)
+    wide = mx.array(np.random.default_rng(2).standard_normal((2, 3, 256)).astype(np.float32))
+    x = wide[..., ::2]  # not row-contiguous: gathered by the kernel
+    got = kernels.quantized_matmul(x, packed, scales, biases, 32, 8)
+    assert got.shape == (2, 3, 40)
+    np.testing.assert_allclose(np.array(got), np.array(x @ dense.T), rtol=1e-4, atol=1e-4)
+    transposed = mx.array(np.random.default_rng(3).standard_normal((128, 5)).astype(np.float32)).T
+    got = kernels.quantized_matmul(transposed, packed, scales, biases, 32, 8)
+    np.testing.assert_allclose(np.array(got), np.array(transposed @ dense.T), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_arguments_raise_clear_errors(kernels: ModuleType) -> None:
+    packed, scales, biases, _ = _weights(8, 64, 4, 32)
+    x = mx.zeros((1, 64))
+    with pytest.raises(ValueError, match="bits"):
+        kernels.quantized_matmul(x, packed, scales, biases, 32, 3)
+    with pytest.raises(ValueError, match="group_size"):
+        kernels.quantized_matmul(x, packed, scales, biases, 48, 4)
+    with pytest.raises(ValueError, match="shapes"):
+        kernels.quantized_matmul(mx.zeros((1, 32)), packed, scales, biases, 32, 4)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.quantized_matmul(x.astype(mx.float16), packed, scales, biases, 32, 4)
+
+
+def _count(model: nn.Module, kind: type) -> int:
+    return sum(isinstance(m, kind) for _, m in model.named_modules())
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
+def test_auto_policy_runs_quantized_layers_on_the_kernel(
+    kernels: ModuleType, tiny_llama_dir: Path, tmp_path: Path, quant: str
+) -> None:
+    from fixtures.tiny_models import write_tiny_gguf
+
+    from mlxcel.engine.loading import load_model
+
+    gguf = write_tiny_gguf(tiny_llama_dir, tmp_path / f"tiny.{quant}.gguf", quant)
+    auto = load_model(str(gguf), cpu_dtype="auto")
+    widened = load_model(str(gguf), cpu_dtype="float32")
+    assert _count(auto.model, KernelQuantizedLinear) > 0
+    assert "mlxcel CPU kernel" in auto.info.quantization
+    assert auto.info.num_parameters == widened.info.num_parameters
+    tokens = auto.tokenizer.encode("hello world, the quick brown fox")
+    # one row (decode, the kernel) and many rows (prefill, the float32 copy) both agree
+    for ids in (tokens[:1], (tokens * 4)[: KERNEL_MAX_ROWS + 5]):
+        a = np.array(auto.model(mx.array([ids])))
+        b = np.array(widened.model(mx.array([ids])))
+        np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)
+
+
+def test_tied_head_uses_the_kernel_and_decode_matches_batch(
+    kernels: ModuleType, tiny_qwen3_dir: Path, tmp_path: Path
+) -> None:
+    """qwen3 ties its LM head to the embedding: `as_linear` runs on the kernel."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
+    from mlxcel.engine.loading import load_model
+
+    loaded = load_model(str(tiny_qwen3_dir), cpu_dtype="keep")
+    nn.quantize(loaded.model, group_size=32, bits=4)
+    assert use_cpu_kernels(loaded.model, kernels, dense=False) > 0
+    assert _count(loaded.model, KernelQuantizedEmbedding) == 1
+    model = loaded.model
+    prompts = [[5, 9, 14], [7, 3, 22]]
+    # two sequences decoded together give the same logits as each decoded alone
+    together = model(mx.array(prompts), cache=make_prompt_cache(model))
+    for i, prompt in enumerate(prompts):
+        alone = model(mx.array([prompt]), cache=make_prompt_cache(model))
+        assert np.array_equal(np.array(alone[0, -1]), np.array(together[i, -1]))
+
+
+def test_off_switch_falls_back_to_float32(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxcel.engine.loading import load_model
+
+    monkeypatch.setattr(build, "_state", {})
+    monkeypatch.setenv(build.KERNELS_ENV, "off")
+    loaded = load_model(str(tiny_gguf), cpu_dtype="auto")
+    assert _count(loaded.model, KernelQuantizedLinear) == 0
+    assert loaded.info.quantization.endswith("→ float32")
+    assert build.kernel_status() == f"mlxcel CPU kernels unavailable: off ({build.KERNELS_ENV})"
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build, "_state", {})
+    monkeypatch.setenv(build.KERNEL_DIR_ENV, str(tmp_path / "kernels"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(build.KernelBuildError, match="no C\\+\\+ compiler"):
+        build.build()
+    assert build.load_kernels() is None
+    assert "no C++ compiler" in build.kernel_status()
+
+
+def test_thread_count_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(build.THREADS_ENV, "3")
+    assert build.kernel_threads() == 3
+    monkeypatch.setenv(build.THREADS_ENV, "zero")
+    assert 1 <= build.kernel_threads() <= 8
+
+
+@pytest.fixture(scope="module")
+def tiny_q4_gguf(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fixtures.tiny_models import write_tiny_gguf
+
+    out = tmp_path_factory.mktemp("gguf") / "tiny-llama.Q4_1.gguf"
+    return write_tiny_gguf(tiny_llama_dir, out, "Q4_1")
+
+
+def test_bench_reports_the_kernel(kernels: ModuleType, tiny_q4_gguf: Path) -> None:
+    import json
+
+    from mlxcel.commands import bench
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(
+        bench.app, ["-m", str(tiny_q4_gguf), "-p", "8", "-n", "2", "-r", "1", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    model = json.loads(result.stdout)["model"]
+    assert "mlxcel CPU kernel" in model["quantization"]
+    assert model["cpu_kernels"].startswith(f"mlxcel CPU kernels ({kernels.simd}, ")
+
+
+def test_served_batch_equals_each_request_alone(kernels: ModuleType, tiny_q4_gguf: Path) -> None:
+    """Through a real `mlxcel serve` on Q4_1 weights: /props names the kernel, and four
+    greedy completions decoded together equal the same prompts decoded one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_harness import ServeProcess
+
+    prompts = ["hello world", "the quick brown fox", "one two three", "a b c d e"]
+    serve = ServeProcess(["-m", str(tiny_q4_gguf), "-np", "4", "-c", "1024"])
+    with serve as server, server.client(timeout=120) as client:
+        props = client.get("/props").json()
+        assert props["cpu_kernels"].startswith("mlxcel CPU kernels (")
+
+        def complete(prompt: str) -> list[int]:
+            body = {"prompt": prompt, "n_predict": 12, "temperature": 0, "ignore_eos": True}
+            body["return_tokens"] = True
+            reply = client.post("/completion", json=body)
+            assert reply.status_code == 200, reply.text
+            return list(reply.json()["tokens"])
+
+        alone = [complete(p) for p in prompts]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(complete, prompts))
+    assert all(len(tokens) == 12 for tokens in alone)
+    assert together == alone
+
+
+@pytest.mark.parametrize("fast_blas", [True, False])
+def test_float32_prefill_copy_only_with_a_real_blas(
+    kernels: ModuleType, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch, fast_blas: bool
+) -> None:
+    """MLX's bundled reference BLAS is slower than the kernel even for prefill."""
+    from mlxcel.engine.loading import load_model, resolve
+
+    monkeypatch.setattr(resolve, "_fast_blas", lambda: fast_blas)
+    loaded = load_model(str(tiny_gguf), cpu_dtype="auto")
+    layers = [m for _, m in loaded.model.named_modules() if isinstance(m, KernelQuantizedLinear)]
+    assert layers
+    assert all(("dense" in m) is fast_blas for m in layers)
+    assert ("float32 for prefill" in loaded.info.quantization) is fast_blas
+    ids = mx.array([loaded.tokenizer.encode("hello world " * 8)])
+    assert ids.shape[1] > KERNEL_MAX_ROWS
+    logits = loaded.model(ids)  # prefill-sized: the kernel alone when there is no copy
+    assert np.isfinite(np.array(logits)).all()
+
+
+def test_threads_split_rows_without_changing_results(kernels: ModuleType) -> None:
+    packed, scales, biases, _ = _weights(300, 256, 4, 32)
+    x = mx.array(np.random.default_rng(4).standard_normal((3, 256)).astype(np.float32))
+    before = kernels.threads()
+    try:
+        kernels.set_threads(1)
+        one = np.array(kernels.quantized_matmul(x, packed, scales, biases, 32, 4))
+        kernels.set_threads(3)
+        assert kernels.threads() == 3
+        three = np.array(kernels.quantized_matmul(x, packed, scales, biases, 32, 4))
+    finally:
+        kernels.set_threads(before)
+    assert np.array_equal(one, three)
+
+
+_VARIANT_CHECK = """
+import mlxcel.engine
+import mlx.core as mx
+import numpy as np
+from mlxcel.engine.cpu_kernels import build
+
+k = build.load_kernels()
+assert k is not None, build.kernel_status()
+for bits in (4, 8):
+    for rows in (1, 5):
+        rng = np.random.default_rng(bits + rows)
+        w = mx.array(rng.standard_normal((48, 128)).astype(np.float32))
+        x = mx.array(rng.standard_normal((rows, 128)).astype(np.float32))
+        q, s, b = mx.quantize(w, group_size=64, bits=bits)
+        ref = x @ mx.dequantize(q, s, b, group_size=64, bits=bits).T
+        got = k.quantized_matmul(x, q, s, b, 64, bits)
+        np.testing.assert_allclose(np.array(got), np.array(ref), rtol=1e-4, atol=1e-4)
+print(k.simd)
+"""
+
+
+@pytest.mark.parametrize(
+    ("cflags", "simd"),
+    [("-mno-avx512f", "avx2"), ("-mno-avx512f -mno-avx2 -mno-fma", "scalar")],
+)
+def test_fallback_instruction_sets(kernels: ModuleType, cflags: str, simd: str) -> None:
+    """The AVX2 and portable paths, built with the wider instruction sets turned off."""
+    import os
+    import platform
+    import subprocess
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the instruction-set flags are x86 ones")
+    env = {**os.environ, build.CFLAGS_ENV: cflags}
+    done = subprocess.run(
+        [sys.executable, "-c", _VARIANT_CHECK], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == simd
