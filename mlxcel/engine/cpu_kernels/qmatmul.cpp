@@ -184,13 +184,12 @@ Prepared prepare(const float* x, int64_t M, int64_t K, int group_size, int bits)
   return p;
 }
 
-// Per instruction set: a vector type Vec with zero/add/fma/set1/hsum, and block4/block8
-// that multiply one 32-value block of a weight row with up to MB rows of x (acc[m]).
+// Per instruction set: a vector type Vec with zero/fma/set1/hsum, and block4/block8 that
+// multiply one 32-value block of a weight row with up to MB rows of x, adding into acc[m].
 #if defined(__AVX512F__)
 #define MLXCEL_SIMD "avx512"
 using Vec = __m512;
 inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec vset1(float v) { return _mm512_set1_ps(v); }
 inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
@@ -205,8 +204,8 @@ inline void block4(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
   Vec whi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
   for (int m = 0; m < MB; ++m) {
     const float* xm = xs + m * K;
-    Vec t = _mm512_mul_ps(whi, _mm512_loadu_ps(xm + 16));
-    acc[m] = _mm512_fmadd_ps(wlo, _mm512_loadu_ps(xm), t);
+    acc[m] = _mm512_fmadd_ps(wlo, _mm512_loadu_ps(xm), acc[m]);
+    acc[m] = _mm512_fmadd_ps(whi, _mm512_loadu_ps(xm + 16), acc[m]);
   }
 }
 
@@ -218,15 +217,14 @@ inline void block8(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wq + 16))));
   for (int m = 0; m < MB; ++m) {
     const float* xm = xs + m * K;
-    Vec t = _mm512_mul_ps(w1, _mm512_loadu_ps(xm + 16));
-    acc[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xm), t);
+    acc[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xm), acc[m]);
+    acc[m] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xm + 16), acc[m]);
   }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define MLXCEL_SIMD "avx2"
 using Vec = __m256;
 inline Vec vzero() { return _mm256_setzero_ps(); }
-inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec vset1(float v) { return _mm256_set1_ps(v); }
 inline float hsum(Vec v) {
@@ -243,10 +241,10 @@ template <int MB>
 inline void dot32(Vec w0, Vec w1, Vec w2, Vec w3, const float* xs, int64_t K, Vec* acc) {
   for (int m = 0; m < MB; ++m) {
     const float* xm = xs + m * K;
-    Vec t = _mm256_mul_ps(w3, _mm256_loadu_ps(xm + 24));
-    t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xm + 16), t);
-    t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xm + 8), t);
-    acc[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xm), t);
+    acc[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xm), acc[m]);
+    acc[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xm + 8), acc[m]);
+    acc[m] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xm + 16), acc[m]);
+    acc[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xm + 24), acc[m]);
   }
 }
 
@@ -272,7 +270,6 @@ inline void block8(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
 #define MLXCEL_SIMD "scalar"
 using Vec = float;
 inline Vec vzero() { return 0.0f; }
-inline Vec vadd(Vec a, Vec b) { return a + b; }
 inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
 inline Vec vset1(float v) { return v; }
 inline float hsum(Vec v) { return v; }
@@ -281,7 +278,7 @@ template <int MB, int BITS>
 inline void block(const uint8_t* wq, const float* xs, int64_t K, Vec* acc) {
   for (int m = 0; m < MB; ++m) {
     const float* xm = xs + m * K;
-    float sum = 0.0f;
+    float sum = acc[m];
     for (int j = 0; j < 16; ++j) {
       float lo = BITS == 4 ? static_cast<float>(wq[j] & 0x0F) : static_cast<float>(wq[j]);
       float hi = BITS == 4 ? static_cast<float>(wq[j] >> 4) : static_cast<float>(wq[16 + j]);
@@ -323,13 +320,11 @@ void rows_kernel(
       for (int m = 0; m < MB; ++m) gacc[m] = vzero();
       for (int b = 0; b < blocks; ++b) {
         int64_t k = g * group_size + b * 32;
-        Vec acc[MB];
         if (BITS == 4) {
-          block4<MB>(wr + k / 2, xs + k, K, acc);
+          block4<MB>(wr + k / 2, xs + k, K, gacc);
         } else {
-          block8<MB>(wr + k, xs + k, K, acc);
+          block8<MB>(wr + k, xs + k, K, gacc);
         }
-        for (int m = 0; m < MB; ++m) gacc[m] = vadd(gacc[m], acc[m]);
       }
       Vec s = vset1(sr[g]);
       for (int m = 0; m < MB; ++m) total[m] = vfma(s, gacc[m], total[m]);
