@@ -155,6 +155,7 @@ class TextEngine:
             self._spec = Speculator(speculation, loaded, prefill_chunk=self.prefill_chunk)
         self._lane: Any = None  # the SoloLane running `_lane_job` (engine thread only)
         self._lane_job: _Job | None = None
+        self._solo_mark: tuple[int, int, float] | None = None  # (uid, n_generated, time)
 
     # ---------------------------------------------------------------- public API
 
@@ -343,6 +344,7 @@ class TextEngine:
         job.sampler = sampler
         if self._spec is not None and self._spec.eligible(request, processors):
             job.spec = self._spec.sequence()
+            job.spec.history = list(prompt)
         (uid,) = generator.insert(
             [prompt[job.cache_n :]],
             max_tokens=[job.max_tokens],
@@ -372,27 +374,43 @@ class TextEngine:
             self._on_token(generator, job, r, now)
 
     def _speculate(self, generator: Any) -> bool:
-        """Run a solo-lane round when one sequence decodes alone; False: step the generator."""
+        """Run a solo-lane round when one sequence decodes alone and the policy drafts (or
+        the lane has a pending token); False: step the generator."""
         lane, job = self._lane, self._lane_job
         if lane is None or job is None:
             if len(self._running) != 1 or len(self._by_uid) != 1:
+                self._solo_mark = None
                 return False
             (job,) = self._by_uid.values()
             seq = job.spec
+            if seq is None:
+                return False
+            self._time_plain_step(job)
+            budget = job.max_tokens - job.n_generated
             if (
-                seq is None
-                or job.n_generated < seq.enter_at
-                or job.max_tokens - job.n_generated < 2
+                job.n_generated < seq.enter_at
+                or budget < 2
+                or not self._spec.wants_lane(seq, budget)
             ):
                 return False
+            self._solo_mark = None
             del self._by_uid[job.uid]
             lane = self._spec.enter(generator, job.uid, seq, job.sampler)
             self._lane, self._lane_job = lane, job
-        elif len(self._running) > 1 or lane.dry:
+        elif len(self._running) > 1 or not lane.plan(job.max_tokens - job.n_generated):
             self._leave_lane(generator)
             return False
         self._lane_round(generator, lane, job)
         return True
+
+    def _time_plain_step(self, job: _Job) -> None:
+        """What a plain step costs: the time between two generator steps that each gave the
+        lone sequence one token (what drafting must beat)."""
+        now = time.perf_counter()
+        mark = self._solo_mark
+        if mark is not None and mark[0] == job.uid and mark[1] == job.n_generated - 1:
+            self._spec.costs.record(0, now - mark[2])
+        self._solo_mark = (job.uid, job.n_generated, now)
 
     def _lane_round(self, generator: Any, lane: Any, job: _Job) -> None:
         from mlxcel.engine.text.speculative.lane import LaneToken
@@ -453,6 +471,8 @@ class TextEngine:
         job.n_generated += 1
         self.counters.decode_tokens_total += 1
         token = int(r.token)
+        if job.spec is not None:
+            job.spec.history.append(token)
         if r.finish_reason is not None:  # the generator dropped it: keep its KV for reuse
             self._store_prompt_cache(job, r.all_tokens, r.prompt_cache)
         if r.finish_reason == "stop":  # an end-of-generation token: not part of the output

@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DRY_STEPS = 16  # plain steps in a row after which the lane hands the sequence back
-DRY_COOLDOWN = 16  # generator tokens before a dry sequence may come back (doubling)
+DRY_COOLDOWN = 16  # generator tokens before a sequence whose drafts all failed may come back
 DRY_COOLDOWN_MAX = 512
 
 
@@ -56,6 +55,7 @@ class SequenceSpeculation:
     draft_n: int = 0  # tokens drafted and verified
     draft_n_accepted: int = 0
     draft_rounds: int = 0
+    history: list[int] = field(default_factory=list)  # prompt + emitted tokens (the engine's)
     enter_at: int = 1  # generated tokens the request needs before it may enter the lane
     cooldown: int = DRY_COOLDOWN
     accepted_this_visit: int = field(default=0, repr=False)
@@ -79,13 +79,19 @@ class SoloLane:
         self.sampler = sampler
         self.seq = seq
         self._pending = pending
-        self._plain_in_a_row = 0
+        self._planned: int | None = None
+        self._rounds = 0
         seq.accepted_this_visit = 0
 
-    @property
-    def dry(self) -> bool:
-        """True after `DRY_STEPS` plain steps in a row: nothing worth drafting lately."""
-        return self._plain_in_a_row >= DRY_STEPS
+    def plan(self, budget: int) -> bool:
+        """Whether the next round is worth running here: it emits the pending token, or the
+        policy drafts k > 0 tokens (kept for `round`). False: plain steps belong in the
+        batch generator, whose steps overlap graph building with evaluation."""
+        if self._pending is not None:
+            return True
+        seq = self.seq
+        self._planned = seq.policy.choose(seq.drafter.available(self.history), budget)
+        return self._planned > 0
 
     def round(self, budget: int) -> list[tuple[int, Any]]:
         """One step; the tokens it yields (at most `budget`) with their log-probability rows.
@@ -98,7 +104,9 @@ class SoloLane:
         import mlx.core as mx
 
         seq, history = self.seq, self.history
-        k = seq.policy.choose(seq.drafter.available(history), budget)
+        k, self._planned = self._planned, None
+        if k is None:
+            k = seq.policy.choose(seq.drafter.available(history), budget)
         if k:
             seq.drafter.prepare(history)
         start = time.perf_counter()
@@ -133,9 +141,7 @@ class SoloLane:
             seq.draft_n += k
             seq.draft_n_accepted += accepted
             seq.accepted_this_visit += accepted
-            self._plain_in_a_row = 0
-        else:
-            self._plain_in_a_row += 1
+            self._rounds += 1
         emitted = picks[: accepted + 1]
         history.extend(emitted)
         return [(token, logprobs[i]) for i, token in enumerate(emitted)]
@@ -158,7 +164,7 @@ class SoloLane:
         next lane visit is scheduled (later after a visit that found nothing to draft)."""
         seq = self.seq
         n = n_generated
-        if self.dry and not seq.accepted_this_visit:
+        if self._rounds and not seq.accepted_this_visit:
             seq.enter_at = n + seq.cooldown
             seq.cooldown = min(seq.cooldown * 2, DRY_COOLDOWN_MAX)
         else:
@@ -258,6 +264,10 @@ class Speculator:
             self.costs, n_max=config.n_max, n_min=config.n_min, adaptive=config.adaptive
         )
         return SequenceSpeculation(drafter=drafter, policy=policy, kind=self.kind)
+
+    def wants_lane(self, seq: SequenceSpeculation, budget: int) -> bool:
+        """Whether the policy would draft after the sequence's emitted tokens now."""
+        return seq.policy.choose(seq.drafter.available(seq.history), budget) > 0
 
     def enter(self, generator: Any, uid: int, seq: SequenceSpeculation, sampler: Any) -> SoloLane:
         """Take sequence `uid` (decoding, one token emitted since it was inserted) out of
