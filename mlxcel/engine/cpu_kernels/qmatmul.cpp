@@ -44,6 +44,11 @@ namespace {
 
 class RowPool {
  public:
+  static constexpr int64_t kMinParallelWork = int64_t{4} << 20;
+  // Pauses a worker spins for the next job before it sleeps: long enough to catch the next
+  // matmul of the same forward, short enough not to starve the Python thread for long.
+  static constexpr int kSpins = 2000;
+
   static RowPool& instance() {
     static RowPool pool;
     return pool;
@@ -60,12 +65,13 @@ class RowPool {
     }
   }
 
-  // Run fn(begin, end) over [0, total) in `threads()` contiguous chunks.
-  void run(int64_t total, const std::function<void(int64_t, int64_t)>& fn) {
+  // Run fn(begin, end) over [0, total) in `threads()` contiguous chunks; `work` (multiply-adds)
+  // below kMinParallelWork runs on the calling thread: waking workers costs more.
+  void run(int64_t total, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
     // Two MLX CPU streams (two engines) may call in at once: one job at a time.
     std::lock_guard<std::mutex> run_lock(run_mutex_);
     int n = threads();
-    if (n == 1 || total < 64) {
+    if (n == 1 || total < 64 || work < kMinParallelWork) {
       fn(0, total);
       return;
     }
@@ -101,7 +107,7 @@ class RowPool {
     uint64_t seen = 0;
     while (true) {
       uint64_t gen = 0;
-      for (int spin = 0; spin < 20000; ++spin) {
+      for (int spin = 0; spin < kSpins; ++spin) {
         gen = generation_.load(std::memory_order_acquire);
         if (gen != seen || stop_flag_) break;
 #if defined(__x86_64__)
@@ -367,7 +373,7 @@ void qmatmul(
     int64_t M, int64_t K, int64_t N, int group_size, int bits) {
   Prepared p = prepare(x, M, K, group_size, bits);
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
-  RowPool::instance().run(N, [&](int64_t begin, int64_t end) {
+  RowPool::instance().run(N, M * N * K, [&](int64_t begin, int64_t end) {
     if (bits == 4) {
       run_rows<4>(wb, scales, biases, p, M, K, N, group_size, out, begin, end);
     } else {
