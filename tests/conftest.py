@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,14 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fixtures.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(tiny_llama_dir: Path) -> Any:
+    """The Hugging Face tokenizer of `tiny_llama_dir` (shared: tests must not mutate it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
 
 
 @pytest.fixture(scope="session")

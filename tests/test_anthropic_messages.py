@@ -18,12 +18,12 @@ import anthropic
 import httpx2
 import pytest
 from anthropic import Anthropic, AsyncAnthropic
+from fixtures.stand_in_engine import StandInEngine
 from server_harness import API_KEY, ServeProcess
 from test_server_tools import CALL_TOKENS, QWEN_STYLE_TEMPLATE, THINK_TOKENS
 
 from mlxcel.config import Settings
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
-from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, SlotState
 from mlxcel.server.anthropic_messages.convert import (
     anthropic_tool_id,
     chat_call_id,
@@ -69,11 +69,8 @@ ECHO_TEMPLATE = """\
 {% endfor %}<assistant>"""
 
 
-class Engine:
+class Engine(StandInEngine):
     """Stands in for TextEngine: every request gets `tokens`, then one finishing event."""
-
-    n_slots = 2
-    context_per_slot = 2048
 
     def __init__(
         self,
@@ -103,20 +100,6 @@ class Engine:
                 error=self.error,
             )
         )
-
-    def cancel(self, request_id: str) -> None:
-        pass
-
-    def snapshot(self) -> EngineSnapshot:
-        slots = tuple(SlotState(id=i, state="idle") for i in range(self.n_slots))
-        return EngineSnapshot(slots, (), EngineCounters(), self.context_per_slot)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(tiny_llama_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
 
 
 def make_state(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,13 +14,6 @@ USER = [{"role": "user", "content": "Hello"}]
 
 def _extra(obj: Any, name: str) -> Any:
     return (obj.model_extra or {}).get(name)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(tiny_llama_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
 
 
 @pytest.mark.parametrize("fmt", ["auto", "deepseek"])

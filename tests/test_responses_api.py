@@ -21,13 +21,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from fixtures.stand_in_engine import StandInEngine
 from openai import AsyncOpenAI, OpenAI
 from server_harness import API_KEY, InProcessServer, main_server_args, shared_server
 from test_server_tools import CALL_TOKENS, QWEN_STYLE_TEMPLATE, THINK_TOKENS
 
 from mlxcel.config import Settings
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings
-from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, SlotState
 from mlxcel.server.app import create_app
 from mlxcel.server.bridge import EngineClient
 from mlxcel.server.openai_responses.items import input_items, items_to_messages
@@ -65,14 +65,13 @@ BUILTIN_TOOL_TYPES = [
 ]
 
 
-class Engine:
+class Engine(StandInEngine):
     """Stands in for TextEngine: each request gets `tokens`, one event per token.
 
     `max_tokens` is honoured (finish `length`); with `delay` the tokens come from a thread,
     `delay` seconds apart and `repeat` times over, and `cancel` ends the job as `cancelled`.
     """
 
-    n_slots = 2
     context_per_slot = 4096
 
     def __init__(self, tokens: Sequence[str], *, delay: float = 0.0, repeat: int = 1) -> None:
@@ -121,17 +120,6 @@ class Engine:
     def stop(self) -> None:
         for event in self._stops.values():
             event.set()
-
-    def snapshot(self) -> EngineSnapshot:
-        slots = tuple(SlotState(id=i, state="idle") for i in range(self.n_slots))
-        return EngineSnapshot(slots, (), EngineCounters(), self.context_per_slot)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(tiny_llama_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
 
 
 def make_state(hf_tokenizer: Any, engine: Engine, **settings: Any) -> ServerState:

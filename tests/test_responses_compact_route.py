@@ -26,13 +26,6 @@ def _history(turns: int) -> list[dict[str, Any]]:
     return items
 
 
-@pytest.fixture(scope="module")
-def hf_tokenizer(tiny_llama_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
-
-
 def _post(app: Any, path: str, body: dict[str, Any]) -> httpx.Response:
     async def call(_: Any, http: httpx.AsyncClient) -> httpx.Response:
         return await http.post(path, json=body)

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fixtures.stand_in_engine import StandInEngine
 from server_harness import (
     API_KEY,
     AUTH,
@@ -30,7 +31,6 @@ from server_harness import (
 
 from mlxcel.config import Settings
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
-from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, SlotState
 from mlxcel.server.app import create_app
 from mlxcel.server.bridge import EngineClient
 from mlxcel.server.middleware import ApiKeys
@@ -305,10 +305,9 @@ def test_api_prefix_and_alias(busy_server: InProcessServer) -> None:
 # --------------------------------------------------------- scripted engine (no model run)
 
 
-class ScriptedEngine:
+class ScriptedEngine(StandInEngine):
     """Stands in for TextEngine: answers each request with a fixed list of events."""
 
-    n_slots = 2
     context_per_slot = 256
 
     def __init__(self, events: list[GenerationEvent]) -> None:
@@ -323,18 +322,12 @@ class ScriptedEngine:
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
 
-    def snapshot(self) -> EngineSnapshot:
-        slots = tuple(SlotState(id=i, state="idle") for i in range(self.n_slots))
-        return EngineSnapshot(slots, (), EngineCounters(), self.context_per_slot)
-
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_llama_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
+def tokenizer(hf_tokenizer: Any) -> Any:
     from mlxcel.engine.tokenizer import Tokenizer
 
-    return Tokenizer(AutoTokenizer.from_pretrained(str(tiny_llama_dir)))
+    return Tokenizer(hf_tokenizer)
 
 
 def scripted_app(tokenizer: Any, events: list[GenerationEvent]) -> tuple[Any, ScriptedEngine]:
@@ -407,9 +400,8 @@ def test_loading_state_answers_503(tokenizer: Any) -> None:
 
 def test_no_slot_available_is_503(tokenizer: Any) -> None:
     class Busy(ScriptedEngine):
-        def snapshot(self) -> EngineSnapshot:
-            slots = tuple(SlotState(id=i, state="decoding") for i in range(self.n_slots))
-            return EngineSnapshot(slots, ("queued-1",), EngineCounters(), self.context_per_slot)
+        slot_state = "decoding"
+        queued = ("queued-1",)
 
     state = ServerState(settings=Settings(warmup=False), tokenizer=tokenizer)
     state.client = EngineClient(Busy([]))

@@ -11,16 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+from fixtures.stand_in_engine import StandInEngine
 from openai import AsyncOpenAI
 
 from mlxcel.config import Settings
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, TokenLogprob
-from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, SlotState
 from mlxcel.server.app import create_app
 from mlxcel.server.bridge import EngineClient
 from mlxcel.server.state import ServerState
@@ -80,10 +78,9 @@ THINK_TOKENS = ["Let", " me", " think", ".", "</th", "ink>", "\n\n", "Hi", "!"]
 ONLY_THINKING = ["Still", " pondering", " this"]
 
 
-class ScriptedEngine:
+class ScriptedEngine(StandInEngine):
     """Stands in for TextEngine: every request gets `tokens`, one event per token."""
 
-    n_slots = 2
     context_per_slot = 1024
 
     def __init__(self, tokens: Sequence[str]) -> None:
@@ -111,20 +108,6 @@ class ScriptedEngine:
                 completion_tokens=len(self.tokens),
             )
         )
-
-    def cancel(self, request_id: str) -> None:
-        pass
-
-    def snapshot(self) -> EngineSnapshot:
-        slots = tuple(SlotState(id=i, state="idle") for i in range(self.n_slots))
-        return EngineSnapshot(slots, (), EngineCounters(), self.context_per_slot)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(tiny_llama_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
 
 
 def make_app(

@@ -31,13 +31,6 @@ class TimedEngine(ScriptedEngine):
         super().submit(request, with_timings)
 
 
-@pytest.fixture(scope="module")
-def hf_tokenizer(tiny_llama_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
-
-
 def _app(hf_tokenizer: Any, timings: Timings) -> Any:
     app, _ = make_app(hf_tokenizer, ["a", "b"], template=PLAIN_TEMPLATE)
     app.state.mlxcel.client.engine = TimedEngine(["a", "b"], timings)

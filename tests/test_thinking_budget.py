@@ -140,10 +140,3 @@ def test_server_budget_is_the_default(hf_tokenizer: Any) -> None:
     app, engine = make_app(hf_tokenizer, ["Hi"])  # -1: no limit, no processor
     create(app, messages=[{"role": "user", "content": "Hi"}])
     assert engine.requests[0].thinking is None
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(tiny_llama_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
