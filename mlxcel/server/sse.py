@@ -106,6 +106,29 @@ async def _keepalive(source: AsyncIterable[T], interval: float) -> AsyncIterator
                 await closer()
 
 
-def event_stream(body: AsyncIterator[str]) -> StreamingResponse:
-    """A `text/event-stream` response over already-encoded SSE lines."""
-    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+class _ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that runs `on_close` however the response ends.
+
+    A client that disconnects before the first chunk means the body generator never starts,
+    so its own `finally` never runs: the request would keep its slot until it finished."""
+
+    def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def event_stream(
+    body: AsyncIterator[str], *, on_close: Callable[[], None] | None = None
+) -> StreamingResponse:
+    """A `text/event-stream` response over already-encoded SSE lines; `on_close` (e.g. the
+    engine stream's `close`, which cancels the request if it still runs) is called when the
+    response ends for any reason, including a client gone before the first chunk."""
+    if on_close is None:
+        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return _ClosingStreamingResponse(body, on_close)

@@ -206,7 +206,9 @@ class MessagesServing:
         model = reported_model(self.state, body.model)
         stops = tuple(body.stop_sequences or ())
         if body.stream:
-            return event_stream(self._stream(job, message_id, model, stops))
+            return event_stream(
+                self._stream(job, message_id, model, stops), on_close=job.stream.close
+            )
         return await self._complete(job, message_id, model, stops, raw)
 
     async def count_tokens(self, body: CountTokensRequest) -> dict[str, int]:

@@ -258,7 +258,12 @@ class NativeServing:
             raise
         model = reported_model(self.state, body.model)
         if body.stream:
-            return event_stream(self._stream(body, streams, model))
+
+            def close_all() -> None:
+                for opened in streams:
+                    opened.close()
+
+            return event_stream(self._stream(body, streams, model), on_close=close_all)
         results: list[dict[str, Any]] = []
         try:
             for index, watch in enumerate(streams):  # all run at once; read them in order

@@ -352,7 +352,7 @@ class ChatServing:
         }
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return event_stream(self._stream(job, meta, include_usage))
+            return event_stream(self._stream(job, meta, include_usage), on_close=job.stream.close)
         return await self._complete(job, meta, raw)
 
     async def prompt_text(self, body: ChatCompletionRequest) -> str:

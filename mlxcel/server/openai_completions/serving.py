@@ -121,7 +121,9 @@ class CompletionServing:
             echo = body.prompt if isinstance(body.prompt, str) else tokenizer.decode(tokens)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return event_stream(self._stream(stream, meta, include_usage, echo))
+            return event_stream(
+                self._stream(stream, meta, include_usage, echo), on_close=stream.close
+            )
         return await self._complete(stream, meta, raw, started, echo)
 
     async def _complete(

@@ -410,7 +410,7 @@ class ResponsesServing:
         job = await self.chat.start(prepared.chat, raw)
         run = _Run(self, prepared, job, compaction)
         if body.stream:
-            return event_stream(run.stream())
+            return event_stream(run.stream(), on_close=run.close)
         return await run.complete(raw)
 
     def context_window(self) -> int:
@@ -692,6 +692,12 @@ class _Run:
             stores.conversations.put(prepared.conversation, current + prepared.items + output)
         stores.inflight.pop(self.id, None)
         self.inflight.done.set()
+
+    def close(self) -> None:
+        """The streamed response ended, however: stop the engine job if it still runs and
+        settle a stored response left unfinished (a client gone before the first event)."""
+        self.job.stream.close()
+        self._abandon("cancelled")
 
     def _abandon(self, status: str) -> None:
         """Settle a run that ended without its final event (client gone, handler error)."""
