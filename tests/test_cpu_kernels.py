@@ -285,3 +285,19 @@ def test_fallback_instruction_sets(kernels: ModuleType, cflags: str, simd: str) 
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == simd
+
+
+def test_linear_layer_with_bias_and_group_64(kernels: ModuleType) -> None:
+    """An MLX-style 4-bit layer (group 64, with a bias, as Qwen2's q/k/v projections)."""
+    from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
+
+    rng = np.random.default_rng(5)
+    model = nn.Sequential(nn.Linear(128, 96, bias=True))
+    model.layers[0].weight = mx.array(rng.standard_normal((96, 128)).astype(np.float32))
+    model.layers[0].bias = mx.array(rng.standard_normal(96).astype(np.float32))
+    nn.quantize(model, group_size=64, bits=4)
+    x = mx.array(rng.standard_normal((2, 5, 128)).astype(np.float32))
+    expected = np.array(model(x))
+    assert use_cpu_kernels(model, kernels, dense=False) == 1
+    assert isinstance(model.layers[0], KernelQuantizedLinear)
+    np.testing.assert_allclose(np.array(model(x)), expected, rtol=1e-4, atol=1e-4)
