@@ -25,8 +25,10 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def kernels() -> ModuleType:
+    if build._compiler() is None:
+        pytest.skip("no C++ compiler here: the kernel cannot be built (mlxcel uses float32)")
     module = build.load_kernels()
-    assert module is not None, build.kernel_status()  # Linux with g++: it must build
+    assert module is not None, build.kernel_status()  # with a compiler it must build
     return module
 
 
