@@ -303,3 +303,19 @@ def test_linear_layer_with_bias_and_group_64(kernels: ModuleType) -> None:
     assert use_cpu_kernels(model, kernels, dense=False) == 1
     assert isinstance(model.layers[0], KernelQuantizedLinear)
     np.testing.assert_allclose(np.array(model(x)), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_does_not_use_the_portable_scalar_path(
+    kernels: ModuleType, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without AVX2 the kernel is not faster than float32 BLAS: `auto` keeps float32."""
+    from types import SimpleNamespace
+
+    from mlxcel.engine.loading import load_model
+
+    scalar = SimpleNamespace(simd="scalar", quantized_matmul=kernels.quantized_matmul)
+    monkeypatch.setattr(build, "_state", {"module": scalar})
+    loaded = load_model(str(tiny_gguf), cpu_dtype="auto")
+    assert _count(loaded.model, KernelQuantizedLinear) == 0
+    assert loaded.info.quantization.endswith("→ float32")
+    assert "not used" in build.kernel_status()

@@ -243,7 +243,10 @@ def kernel_status() -> str:
     """A short description for `/props` and `mlxcel bench`."""
     module = _state.get("module")
     if module is not None:
-        return f"mlxcel CPU kernels ({module.simd}, {module.threads()} threads)"  # type: ignore[attr-defined]
+        simd = module.simd  # type: ignore[attr-defined]
+        if simd == "scalar":
+            return "mlxcel CPU kernels (scalar: not used, float32 weights are faster here)"
+        return f"mlxcel CPU kernels ({simd}, {module.threads()} threads)"  # type: ignore[attr-defined]
     if "reason" in _state:
         return f"mlxcel CPU kernels unavailable: {_state['reason']}"
     return "mlxcel CPU kernels not used (no quantized weights loaded on the CPU)"

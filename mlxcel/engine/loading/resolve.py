@@ -66,6 +66,8 @@ def _apply_cpu_dtype(loaded: LoadedModel, policy: str) -> None:
         from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
 
         kernels = load_kernels()
+        if kernels is not None and kernels.simd == "scalar":
+            kernels = None  # the portable path is not faster than float32 BLAS (no SIMD here)
         # The float32 copy only pays for prefill on a real BLAS; MLX's bundled reference BLAS
         # is slower than the kernel at any size.
         dense = fits and _fast_blas()
