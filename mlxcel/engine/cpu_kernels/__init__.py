@@ -1,0 +1,1 @@
+"""mlxcel's CPU kernels for MLX: `build` compiles and loads them, `layers` puts them in a model."""
