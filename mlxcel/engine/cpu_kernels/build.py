@@ -191,7 +191,7 @@ def load_kernels(*, allow_build: bool = True) -> ModuleType | None:
             if not path.is_file():
                 if not allow_build:
                     raise KernelBuildError("not built")
-                log.info("building mlxcel's CPU kernels (once, ~30 s)")
+                log.warning("building the CPU kernel for this machine (once, about 10-30 s)")
                 path = build()
             module = _import(path)
             _self_test(module)
