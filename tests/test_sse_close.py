@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from fixtures.asgi import body_then_wait, json_post, stand_in_app
 from fixtures.stand_in_engine import StandInEngine
 from starlette.requests import ClientDisconnect
 
@@ -93,44 +94,12 @@ STREAMING_CALLS = [
 def test_a_client_gone_before_the_first_chunk_frees_its_slot(
     hf_tokenizer: Any, path: str, body: dict[str, Any]
 ) -> None:
-    import json
-
-    from mlxcel.config.settings import Settings
-    from mlxcel.engine.tokenizer import Tokenizer
-    from mlxcel.server.app import create_app
-    from mlxcel.server.bridge import EngineClient
     from mlxcel.server.openai_responses.store import stores_for
-    from mlxcel.server.state import ServerState
 
     engine = HoldingEngine()
-    state = ServerState(settings=Settings(warmup=False), tokenizer=Tokenizer(hf_tokenizer))
-    state.client = EngineClient(engine)
-    app = create_app(state)
-    payload = json.dumps({"model": "m", "stream": True, **body}).encode()
-    scope = {
-        **_scope(),
-        "method": "POST",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "scheme": "http",
-        "http_version": "1.1",
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8080),
-        "headers": [
-            (b"host", b"127.0.0.1"),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-        ],
-    }
-    messages = [{"type": "http.request", "body": payload, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop(0)
-        await asyncio.sleep(3600)
-        return {"type": "http.disconnect"}
+    app, state = stand_in_app(hf_tokenizer, engine)
+    scope, payload = json_post(path, {"model": "m", "stream": True, **body})
+    receive = body_then_wait(payload)
 
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":

@@ -10,6 +10,7 @@ from fastapi import APIRouter, FastAPI
 from mlxcel.server.audio.protocol import MAX_BODY_BYTES
 from mlxcel.server.audio.routes import UPLOAD_PATHS
 from mlxcel.server.errors import install_error_handlers
+from mlxcel.server.io_timeout import IoTimeout
 from mlxcel.server.middleware import MAX_HEADER_BYTES, ApiKeys, Cors, RequestGuard
 
 if TYPE_CHECKING:
@@ -114,4 +115,5 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
         max_header_bytes=max_header_bytes,
     )
     add_cors(app, settings)
+    app.add_middleware(IoTimeout, seconds=settings.timeout)  # outermost: every read and write
     return app
