@@ -70,6 +70,9 @@ def bench(
     compare: str | None = typer.Option(
         None, "--compare", help="Also run the workload through mlx-lm and print the ratio."
     ),
+    threads: int | None = typer.Option(
+        None, "--threads", "-t", help="CPU threads for mlxcel's CPU kernel (-1: one per core)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV (one row per test)."),
     profile: str | None = PROFILE_OPTION,
@@ -82,7 +85,7 @@ def bench(
     if compare is not None and compare.strip().lower() not in ("mlx-lm", "mlx_lm"):
         fail(f"--compare only knows mlx-lm, not {compare!r}")
     batches = parse_int_list(batch, "--batch")
-    settings = resolve(profile, {"model": model}).settings
+    settings = resolve(profile, {"model": model, "threads": threads}).settings
 
     from mlxcel.engine.bench import BenchConfig, BenchError, run_bench
 
@@ -99,7 +102,10 @@ def bench(
     except BenchError as exc:
         fail(str(exc))
     loaded = load_model_or_exit(
-        settings.model, store=settings.model_store, cpu_dtype=settings.cpu_dtype
+        settings.model,
+        store=settings.model_store,
+        cpu_dtype=settings.cpu_dtype,
+        cpu_threads=settings.threads,
     )
 
     from rich.console import Console

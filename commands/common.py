@@ -55,7 +55,12 @@ def settings_actions(resolved: ResolvedSettings, show: bool, save: str | None) -
 
 
 def load_model_or_exit(
-    ref: str | None, *, store: str | None = None, quiet: bool = False, cpu_dtype: str = "keep"
+    ref: str | None,
+    *,
+    store: str | None = None,
+    quiet: bool = False,
+    cpu_dtype: str = "keep",
+    cpu_threads: int = -1,
 ) -> LoadedModel:
     """Load a text model, or print one line and exit 2."""
     from rich.console import Console
@@ -66,8 +71,8 @@ def load_model_or_exit(
     console = Console(stderr=True)
     try:
         if quiet or not console.is_terminal:
-            return load_model(ref, store_dir=store, cpu_dtype=cpu_dtype)
+            return load_model(ref, store_dir=store, cpu_dtype=cpu_dtype, cpu_threads=cpu_threads)
         with console.status(f"loading {ref or 'the default model'}…"):
-            return load_model(ref, store_dir=store, cpu_dtype=cpu_dtype)
+            return load_model(ref, store_dir=store, cpu_dtype=cpu_dtype, cpu_threads=cpu_threads)
     except ModelLoadError as exc:
         fail(str(exc))

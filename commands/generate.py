@@ -84,6 +84,9 @@ def generate(
         help="CPU backend: keep quantized weights packed (keep), or dequantize to float32 "
         "(float32; auto when memory allows).",
     ),
+    threads: int | None = typer.Option(
+        None, "--threads", "-t", help="CPU threads for mlxcel's CPU kernel (-1: one per core)."
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON object instead of streaming."
     ),
@@ -118,6 +121,7 @@ def generate(
         "no_chat_template": no_chat_template or None,
         "ignore_eos": ignore_eos or None,
         "cpu_dtype": cpu_dtype,
+        "threads": threads,
     }
     resolved = resolve(profile, cli)
     if settings_actions(resolved, show_settings, save_profile):
@@ -133,7 +137,10 @@ def generate(
 
     template = _read_template(settings.chat_template_file) or settings.chat_template
     loaded = load_model_or_exit(
-        settings.model, store=settings.model_store, cpu_dtype=settings.cpu_dtype
+        settings.model,
+        store=settings.model_store,
+        cpu_dtype=settings.cpu_dtype,
+        cpu_threads=settings.threads,
     )
     if template:
         loaded.tokenizer.chat_template = template

@@ -23,11 +23,13 @@ complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l n-gen
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l n-prompt
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l profile
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l repetitions
+complete -c mlxcel -n '__fish_seen_subcommand_from bench' -l threads
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -s P
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -s m
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -s n
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -s p
 complete -c mlxcel -n '__fish_seen_subcommand_from bench' -s r
+complete -c mlxcel -n '__fish_seen_subcommand_from bench' -s t
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l api-key
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l concurrency
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l endpoint
@@ -105,6 +107,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l stop
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l system
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l temp
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l temperature
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l threads
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l top-k
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l top-p
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l xtc-probability
@@ -114,6 +117,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s m
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s n
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s p
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s s
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s t
 complete -c mlxcel -n '__fish_seen_subcommand_from rerank' -l file
 complete -c mlxcel -n '__fish_seen_subcommand_from rerank' -l instruction
 complete -c mlxcel -n '__fish_seen_subcommand_from rerank' -l json

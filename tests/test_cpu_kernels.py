@@ -157,11 +157,22 @@ def test_missing_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
     assert "no C++ compiler" in build.kernel_status()
 
 
-def test_thread_count_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(build.THREADS_ENV, "3")
-    assert build.kernel_threads() == 3
-    monkeypatch.setenv(build.THREADS_ENV, "zero")
-    assert 1 <= build.kernel_threads() <= 8
+def test_threads_setting_reaches_the_kernel(
+    kernels: ModuleType, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-t/--threads` (load_model's cpu_threads) sets the pool; -1 keeps the default."""
+    from mlxcel.engine.loading import load_model
+
+    assert 1 <= build.default_threads() <= 8
+    before = kernels.threads()
+    try:
+        load_model(str(tiny_gguf), cpu_dtype="auto", cpu_threads=3)
+        assert kernels.threads() == 3
+        kernels.set_threads(before)
+        load_model(str(tiny_gguf), cpu_dtype="auto", cpu_threads=-1)
+        assert kernels.threads() == before
+    finally:
+        kernels.set_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -178,13 +189,12 @@ def test_bench_reports_the_kernel(kernels: ModuleType, tiny_q4_gguf: Path) -> No
     from mlxcel.commands import bench
     from typer.testing import CliRunner
 
-    result = CliRunner().invoke(
-        bench.app, ["-m", str(tiny_q4_gguf), "-p", "8", "-n", "2", "-r", "1", "--json"]
-    )
+    args = ["-m", str(tiny_q4_gguf), "-p", "8", "-n", "2", "-r", "1", "-t", "2", "--json"]
+    result = CliRunner().invoke(bench.app, args)
     assert result.exit_code == 0, result.output
     model = json.loads(result.stdout)["model"]
     assert "mlxcel CPU kernel" in model["quantization"]
-    assert model["cpu_kernels"].startswith(f"mlxcel CPU kernels ({kernels.simd}, ")
+    assert model["cpu_kernels"] == f"mlxcel CPU kernels ({kernels.simd}, 2 threads)"
 
 
 def test_served_batch_equals_each_request_alone(kernels: ModuleType, tiny_q4_gguf: Path) -> None:
@@ -195,10 +205,11 @@ def test_served_batch_equals_each_request_alone(kernels: ModuleType, tiny_q4_ggu
     from server_harness import ServeProcess
 
     prompts = ["hello world", "the quick brown fox", "one two three", "a b c d e"]
-    serve = ServeProcess(["-m", str(tiny_q4_gguf), "-np", "4", "-c", "1024"])
+    serve = ServeProcess(["-m", str(tiny_q4_gguf), "-np", "4", "-c", "1024", "-t", "3"])
     with serve as server, server.client(timeout=120) as client:
         props = client.get("/props").json()
         assert props["cpu_kernels"].startswith("mlxcel CPU kernels (")
+        assert props["cpu_kernels"].endswith(", 3 threads)")  # -t/--threads
 
         def complete(prompt: str) -> list[int]:
             body = {"prompt": prompt, "n_predict": 12, "temperature": 0, "ignore_eos": True}

@@ -90,7 +90,7 @@ def test_every_row_has_a_deliberate_status() -> None:
 
 
 PINNED = {
-    Status.IGNORED: "-t -tb -C --prio --poll -ngl -fa -ctk -ctv --mlock --mmap --numa -dev -sm -ts"
+    Status.IGNORED: "-tb -C --prio --poll -ngl -fa -ctk -ctv --mlock --mmap --numa -dev -sm -ts"
     " -mg -kvo --repack --no-host -fit -fitt -cb -nocb --swa-full --perf -e --check-tensors -dio"
     " -lm --threads-http -cmoe -ncmoe --op-offload --webui --ui-config -sps --sleep-idle-seconds"
     " -hft --offline --draft-max -td -ngld",
@@ -181,6 +181,7 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "chat_template_file": ("t.jinja", "t.jinja"),
     "model_store": ("/store", "/store"),
     "cpu_dtype": ("float32", "float32"),
+    "threads": ("3", 3),
     "grammar_backend": ("xgrammar", "xgrammar"),
     "loop_detection": ("64,4,3", "64,4,3"),
     "metrics_port": ("9100", 9100),

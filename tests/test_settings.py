@@ -215,8 +215,9 @@ def test_env_text_values() -> None:
 
 
 def test_ignored_and_refused_env_vars() -> None:
-    quiet = resolve_settings(env={"LLAMA_ARG_THREADS": "8", "LLAMA_ARG_N_GPU_LAYERS": "99"})
+    quiet = resolve_settings(env={"LLAMA_ARG_THREADS_HTTP": "8", "LLAMA_ARG_N_GPU_LAYERS": "99"})
     assert quiet.warnings == [] and quiet.settings == Settings()
+    assert resolve_settings(env={"LLAMA_ARG_THREADS": "8"}).settings.threads == 8
     loud = resolve_settings(env={"LLAMA_ARG_HF_REPO": "org/model", "LLAMA_ARG_MODEL": "m.gguf"})
     assert len(loud.warnings) == 1
     assert "LLAMA_ARG_HF_REPO" in loud.warnings[0] and "\n" not in loud.warnings[0]

@@ -533,6 +533,7 @@ def test_server_settings_build_the_config(tiny_llama_dir: Path) -> None:
             "spec_draft_n_min": 0,
             "model_store": None,
             "cpu_dtype": "keep",
+            "threads": -1,
         }
         values.update(kw)
         return speculation_config(cast(Any, SimpleNamespace(**values)), cast(Any, None))

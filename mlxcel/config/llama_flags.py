@@ -108,7 +108,7 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
     (_COMMON, "--completion-bash", "", "",
         ref("use `mlxcel --install-completion`")),
     (_COMMON, "-t, --threads N", "LLAMA_ARG_THREADS", "-1",
-        ign(_THREADS)),
+        sup("threads", "threads of mlxcel's CPU kernel (quantized matmuls on the CPU)")),
     (_COMMON, "-tb, --threads-batch N", "", "same as --threads",
         ign(_THREADS)),
     (_COMMON, "-C, --cpu-mask M", "", "\"\"",

@@ -80,6 +80,13 @@ class Settings(BaseModel):
         env="MLXCEL_CPU_DTYPE",
         group="model",
     )
+    threads: int = _f(
+        -1,
+        "CPU threads for mlxcel's CPU kernel (-1: one per core, at most 8)",
+        env="LLAMA_ARG_THREADS",
+        group="model",
+        ge=-1,
+    )
     warmup: bool = _f(
         True, "Run one warm-up step after loading", env="MLXCEL_WARMUP", group="model"
     )

@@ -134,7 +134,12 @@ def speculation_config(settings: Settings, loaded: LoadedModel) -> SpeculationCo
             f"(got {n_max} and {n_min})"
         )
     if draft_ref:
-        draft = load_model(draft_ref, store_dir=settings.model_store, cpu_dtype=settings.cpu_dtype)
+        draft = load_model(
+            draft_ref,
+            store_dir=settings.model_store,
+            cpu_dtype=settings.cpu_dtype,
+            cpu_threads=settings.threads,
+        )
         return SpeculationConfig("draft", n_max=n_max, n_min=n_min, draft=draft)
     if spec_type == "ngram-simple":
         return SpeculationConfig("prompt-lookup", n_max=n_max, n_min=n_min)
@@ -181,6 +186,7 @@ def load_into(state: ServerState) -> None:
         store_dir=settings.model_store,
         chat_template=chat_template_text(settings),
         cpu_dtype=settings.cpu_dtype,
+        cpu_threads=settings.threads,
     )
     plan = plan_slots(settings, loaded.info.context_length)
     cache = PromptCache.from_settings(settings)

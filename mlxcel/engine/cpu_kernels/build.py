@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 
 KERNELS_ENV = "MLXCEL_CPU_KERNELS"
 KERNEL_DIR_ENV = "MLXCEL_KERNEL_DIR"
-THREADS_ENV = "MLXCEL_CPU_THREADS"
 CFLAGS_ENV = "MLXCEL_KERNEL_CFLAGS"  # extra compiler flags, e.g. "-mno-avx512f"
 MODULE_NAME = "_mlxcel_cpu_kernels"
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
@@ -195,7 +194,7 @@ def load_kernels(*, allow_build: bool = True) -> ModuleType | None:
                 path = build()
             module = _import(path)
             _self_test(module)
-            module.set_threads(kernel_threads())
+            module.set_threads(default_threads())
         except (KernelBuildError, ImportError, OSError, TypeError, ValueError) as exc:
             _state["reason"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.warning("mlxcel CPU kernels unavailable: %s", _state["reason"])
@@ -218,13 +217,11 @@ def _self_test(module: ModuleType) -> None:
             raise ValueError(f"self-test failed ({bits}-bit results differ from mlx)")
 
 
-def kernel_threads() -> int:
-    """`$MLXCEL_CPU_THREADS`, else the number of cores (at most 8). Matmuls under about 4M
-    multiply-adds run on MLX's own thread anyway, so the pool only helps where there is work
-    to split (measured on 2 cores: batch-8 decode +20-30%, one sequence unchanged)."""
-    env = os.environ.get(THREADS_ENV, "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
+def default_threads() -> int:
+    """Kernel threads unless `-t/--threads` says otherwise: one per core, at most 8. Matmuls
+    under about 4M multiply-adds run on MLX's own thread anyway, so the pool only helps
+    where there is work to split (measured on 2 cores: batch-8 decode +20-30%, one
+    sequence unchanged)."""
     return max(1, min(8, os.cpu_count() or 1))
 
 

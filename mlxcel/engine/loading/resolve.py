@@ -24,6 +24,7 @@ def load_model(
     store_dir: str | None = None,
     chat_template: str | None = None,
     cpu_dtype: str = "keep",
+    cpu_threads: int = -1,
 ) -> LoadedModel:
     """Load the text model `ref` names; None means the embedded default model.
 
@@ -33,7 +34,8 @@ def load_model(
     (slow on the CPU) quantized matmul; `float32` dequantizes them at load; `auto` runs
     them on mlxcel's CPU kernel (packed weights, several times faster than float32 for
     decode) with a float32 copy for prefill when it fits comfortably in memory, and falls
-    back to `float32` when the kernel cannot be built here.
+    back to `float32` when the kernel cannot be built here. `cpu_threads` (> 0) sets the
+    kernel's threads (else one per core, at most 8).
     """
     if not ref:
         loaded = _load_gguf(default_model_path(), store_dir, source="default")
@@ -51,11 +53,11 @@ def load_model(
     if chat_template is not None:
         loaded.tokenizer.chat_template = chat_template
     _use_float32_on_cpu(loaded.model)
-    _apply_cpu_dtype(loaded, cpu_dtype)
+    _apply_cpu_dtype(loaded, cpu_dtype, cpu_threads)
     return loaded
 
 
-def _apply_cpu_dtype(loaded: LoadedModel, policy: str) -> None:
+def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
     import mlx.core as mx
 
     if policy == "keep" or mx.default_device() != mx.cpu or not _is_quantized(loaded.model):
@@ -71,6 +73,8 @@ def _apply_cpu_dtype(loaded: LoadedModel, policy: str) -> None:
         # The float32 copy only pays for prefill on a real BLAS; MLX's bundled reference BLAS
         # is slower than the kernel at any size.
         dense = fits and _fast_blas()
+        if kernels is not None and threads > 0:
+            kernels.set_threads(threads)
         if kernels is not None and use_cpu_kernels(loaded.model, kernels, dense=dense):
             note = " + float32 for prefill" if dense else ""
             quant = f"{loaded.info.quantization} (mlxcel CPU kernel{note})"
