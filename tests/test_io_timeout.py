@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 from typing import Any
@@ -86,7 +88,10 @@ def test_a_client_that_stalls_sending_its_body_is_dropped(hf_tokenizer: Any) -> 
     took = _call(app, scope, receive, send, limit=10)
     assert took < 5
     assert engine.requests == []
-    assert not [m for m in sent if m["type"] == "http.response.start" and m["status"] == 200]
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 408
+    body = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "sent nothing for 1 s" in body["error"]["message"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -107,3 +112,39 @@ def test_a_slow_answer_is_not_a_timeout(hf_tokenizer: Any, stream: bool) -> None
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     assert b"Hi" in body
     assert engine.cancelled == []
+
+
+def test_a_real_server_answers_a_stalled_body_with_408_and_stays_up(
+    tiny_llama_dir: Any,
+) -> None:
+    """Through `mlxcel serve --timeout 1`: a request whose body never arrives gets a 408 in
+    the OpenAI error shape after about a second, one warning line, and the server serves on."""
+    from urllib.parse import urlsplit
+
+    from server_harness import ServeProcess
+
+    with ServeProcess(["-m", str(tiny_llama_dir), "--timeout", "1"]) as server:
+        address = urlsplit(server.url)
+        assert address.hostname and address.port
+        with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
+                b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model":'
+            )
+            start = time.perf_counter()
+            reply = b""
+            while b"}}" not in reply:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+            took = time.perf_counter() - start
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), head
+        assert b'"type":"invalid_request_error"' in body.replace(b" ", b"")
+        assert 0.5 < took < 5
+        with server.client(timeout=30) as client:
+            assert client.get("/health").status_code == 200
+        logs = server.stderr
+    assert "(--timeout)" in logs
+    assert "Traceback" not in logs and "ERROR" not in logs

@@ -183,3 +183,16 @@ def install_error_handlers(app: FastAPI) -> None:
             APIError(500, f"internal error ({type(exc).__name__})", "server_error"),
             anthropic=anthropic_scope(request.scope),
         )
+
+
+def scope_error(
+    scope: Scope, status: int, message: str, type: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """An error response for middleware (before routing): the Anthropic shape on the
+    Messages routes, the OpenAI shape elsewhere."""
+    body = (
+        anthropic_error_body(message, status)
+        if anthropic_scope(scope)
+        else error_body(message, type)
+    )
+    return JSONResponse(body, status_code=status, headers=headers)

@@ -3,19 +3,23 @@
 llama-server drops a connection whose socket read or write stalls for `--timeout` seconds.
 Here: a client that takes longer than that to send the next part of its request body, or
 that stops reading the response (a send cannot complete) for that long, is treated as gone:
-the request is cancelled as on a disconnect, which frees its slot. Waiting for the answer
-is not a read: a long generation is never cut. `--timeout 0` turns it off.
+the request is cancelled as on a disconnect, which frees its slot; a stalled request body
+gets a 408 in the API's error shape. Waiting for the answer is not a read: a long generation
+is never cut. `--timeout 0` turns it off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mlxcel.server.errors import scope_error
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,7 @@ class IoTimeout:
         seconds = self.seconds
         body_done = False
         stalled = False
+        started = False  # the response head went out
 
         async def timed_receive() -> Message:
             nonlocal body_done, stalled
@@ -62,22 +67,33 @@ class IoTimeout:
             return message
 
         async def timed_send(message: Message) -> None:
-            nonlocal stalled
+            nonlocal stalled, started
+            started = started or message["type"] == "http.response.start"
             try:
                 await _within(send(message), seconds)
             except (TimeoutError, asyncio.TimeoutError) as exc:
                 stalled = True
                 raise ClientStalled(f"the client read nothing for {seconds:g} s") from exc
 
+        failure: BaseException | None = None
         try:
             await self.app(scope, timed_receive, timed_send)
         except Exception as exc:
             if not stalled:
                 raise
-            _log_stalled(scope, exc)
+            failure = exc
+        if not stalled:
+            return
+        _log_stalled(scope, failure)
+        if not started:  # the body stalled: answer instead of leaving the server to 500
+            message = f"request timed out: the client sent nothing for {seconds:g} s"
+            with contextlib.suppress(Exception):
+                await scope_error(scope, 408, message, "invalid_request_error")(
+                    scope, receive, timed_send
+                )
 
 
-def _log_stalled(scope: Scope, exc: BaseException) -> None:
+def _log_stalled(scope: Scope, exc: BaseException | None) -> None:
     client: Any = scope.get("client") or ("?", 0)
     log.warning(
         "dropped %s %s from %s: %s (--timeout)",

@@ -18,18 +18,11 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Iterable
-from typing import Any
 from urllib.parse import urlsplit
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxcel.server.errors import (
-    RETRY_AFTER_SECONDS,
-    anthropic_error_body,
-    anthropic_scope,
-    error_body,
-)
+from mlxcel.server.errors import RETRY_AFTER_SECONDS, scope_error
 
 MAX_HEADER_BYTES = 32 * 1024
 """Largest request head (request line and headers) accepted; larger gets 431."""
@@ -69,17 +62,6 @@ class ApiKeys:
         return None if any([self._matches(c) for c in candidates]) else "invalid_api_key"
 
 
-def _error(
-    scope: Scope, status: int, message: str, type: str, headers: dict[str, str] | None = None
-) -> Any:
-    body = (
-        anthropic_error_body(message, status)
-        if anthropic_scope(scope)
-        else error_body(message, type)
-    )
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 class RequestGuard:
     """ASGI middleware applying the size caps, auth and the loading gate (see module doc)."""
 
@@ -113,7 +95,7 @@ class RequestGuard:
             len(k) + len(v) + 4 for k, v in headers
         )
         if head_size > self.max_header_bytes:
-            response = _error(
+            response = scope_error(
                 scope,
                 431,
                 f"request headers too large: the limit is {self.max_header_bytes} bytes",
@@ -127,10 +109,10 @@ class RequestGuard:
             failure = self.api_keys.check(lookup("authorization"), lookup("x-api-key"))
             if failure is not None:
                 message = "Missing API key" if failure == "missing_api_key" else "Invalid API Key"
-                await _error(scope, 401, message, failure)(scope, receive, send)
+                await scope_error(scope, 401, message, failure)(scope, receive, send)
                 return
         if not public and self.is_loading():
-            response = _error(
+            response = scope_error(
                 scope, 503, "Loading model", "server_busy", {"Retry-After": RETRY_AFTER_SECONDS}
             )
             await response(scope, receive, send)
@@ -143,7 +125,7 @@ class RequestGuard:
         limit = self.max_body_size
         if scope["path"] in self.upload_paths:  # audio uploads may be up to 25 MiB
             limit = max(limit, self.upload_max_body_size)
-        too_large = _error(
+        too_large = scope_error(
             scope,
             413,
             f"request body too large: the limit is {limit} bytes",
@@ -153,9 +135,10 @@ class RequestGuard:
             try:
                 declared = int(content_length)
             except ValueError:
-                await _error(scope, 400, "invalid Content-Length header", "invalid_request_error")(
-                    scope, receive, send
+                bad = scope_error(
+                    scope, 400, "invalid Content-Length header", "invalid_request_error"
                 )
+                await bad(scope, receive, send)
                 return
             if declared > limit:
                 await too_large(scope, receive, send)
