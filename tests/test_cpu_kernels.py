@@ -245,8 +245,9 @@ def test_float32_prefill_copy_only_with_a_real_blas(
 
 
 def test_threads_split_rows_without_changing_results(kernels: ModuleType) -> None:
-    packed, scales, biases, _ = _weights(300, 256, 4, 32)
-    x = mx.array(np.random.default_rng(4).standard_normal((3, 256)).astype(np.float32))
+    # 4 x 2048 x 512 multiply-adds: above the size the pool leaves on the calling thread
+    packed, scales, biases, _ = _weights(2048, 512, 4, 32)
+    x = mx.array(np.random.default_rng(4).standard_normal((4, 512)).astype(np.float32))
     before = kernels.threads()
     try:
         kernels.set_threads(1)

@@ -13,6 +13,7 @@
 #include <nanobind/nanobind.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -61,7 +62,9 @@ class RowPool {
     n = std::max(1, n);
     stop_flag_ = false;
     for (int i = 1; i < n; ++i) {
-      workers_.emplace_back([this, i] { loop(i); });
+      // A new worker starts from the current generation: earlier jobs are not its own.
+      uint64_t now = generation_.load(std::memory_order_acquire);
+      workers_.emplace_back([this, i, now] { loop(i, now); });
     }
   }
 
@@ -103,8 +106,7 @@ class RowPool {
     if (begin < end) fn(begin, end);
   }
 
-  void loop(int index) {
-    uint64_t seen = 0;
+  void loop(int index, uint64_t seen) {
     while (true) {
       uint64_t gen = 0;
       for (int spin = 0; spin < kSpins; ++spin) {
@@ -163,8 +165,9 @@ struct Prepared {
   std::vector<float> xsum;  // [M, K / group_size] sums of x over each group
 };
 
-Prepared prepare(const float* x, int64_t M, int64_t K, int group_size, int bits) {
-  Prepared p;
+// Fills `p` (a per-thread buffer: resizing keeps its capacity, so a decode step allocates
+// nothing here).
+void prepare(Prepared& p, const float* x, int64_t M, int64_t K, int group_size, int bits) {
   p.xs.resize(static_cast<size_t>(M * K));
   int64_t groups = K / group_size;
   p.xsum.resize(static_cast<size_t>(M * groups));
@@ -187,7 +190,6 @@ Prepared prepare(const float* x, int64_t M, int64_t K, int group_size, int bits)
       p.xsum[m * groups + g] = s;
     }
   }
-  return p;
 }
 
 // Per instruction set: a vector type Vec with zero/fma/set1/hsum, and block4/block8 that
@@ -371,7 +373,11 @@ void run_rows(
 void qmatmul(
     const float* x, const uint32_t* w, const float* scales, const float* biases, float* out,
     int64_t M, int64_t K, int64_t N, int group_size, int bits) {
-  Prepared p = prepare(x, M, K, group_size, bits);
+  // Per calling thread; `p` (a reference, unlike the thread_local itself) is what the
+  // pool's workers read.
+  thread_local Prepared buffer;
+  Prepared& p = buffer;
+  prepare(p, x, M, K, group_size, bits);
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
   RowPool::instance().run(N, M * N * K, [&](int64_t begin, int64_t end) {
     if (bits == 4) {
@@ -436,10 +442,10 @@ class CpuQuantizedMatmul : public mx::Primitive {
     int64_t K = x.shape(-1);
     int64_t M = K == 0 ? 0 : static_cast<int64_t>(x.size()) / K;
     int64_t N = out.shape(-1);
-    std::vector<Operand> ops;
-    for (const auto& a : inputs) {
-      encoder.set_input_array(a);
-      ops.push_back(Operand::of(a));
+    std::array<Operand, 4> ops;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      encoder.set_input_array(inputs[i]);
+      ops[i] = Operand::of(inputs[i]);
     }
     encoder.set_output_array(out);
     encoder.dispatch([ops = std::move(ops), op = out.data<float>(), M, K, N,
