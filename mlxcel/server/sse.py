@@ -107,7 +107,7 @@ async def _keepalive(source: AsyncIterable[T], interval: float) -> AsyncIterator
 
 
 class _ClosingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that runs `on_close` however the response ends.
+    """A `text/event-stream` response that runs `on_close` however it ends.
 
     A client that disconnects before the first chunk means the body generator never starts,
     so its own `finally` never runs: the request would keep its slot until it finished."""
@@ -123,12 +123,8 @@ class _ClosingStreamingResponse(StreamingResponse):
             self._on_close()
 
 
-def event_stream(
-    body: AsyncIterator[str], *, on_close: Callable[[], None] | None = None
-) -> StreamingResponse:
+def event_stream(body: AsyncIterator[str], *, on_close: Callable[[], None]) -> StreamingResponse:
     """A `text/event-stream` response over already-encoded SSE lines; `on_close` (e.g. the
     engine stream's `close`, which cancels the request if it still runs) is called when the
     response ends for any reason, including a client gone before the first chunk."""
-    if on_close is None:
-        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
     return _ClosingStreamingResponse(body, on_close)
