@@ -107,13 +107,13 @@ def module_path() -> Path:
     return kernel_root() / build_key() / f"{MODULE_NAME}{suffix}"
 
 
-def build(*, force: bool = False) -> Path:
+def build() -> Path:
     """Compile the kernel module (once per key; concurrent callers wait on a lock)."""
     import mlx
     import nanobind
 
     target = module_path()
-    if target.is_file() and not force:
+    if target.is_file():
         return target
     compiler = _compiler()
     if compiler is None:
@@ -121,7 +121,7 @@ def build(*, force: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.is_file() and not force:
+        if target.is_file():
             return target
         mlx_dir = Path(mlx.__path__[0])
         nb_dir = Path(nanobind.__file__).parent
@@ -176,7 +176,7 @@ def _tail(text: str) -> str:
     return (errors or lines or ["unknown error"])[0]
 
 
-def load_kernels(*, allow_build: bool = True) -> ModuleType | None:
+def load_kernels() -> ModuleType | None:
     """The kernel module, building it when needed; None (reason in `kernel_status`) when
     it is turned off or cannot be built or imported here."""
     if "module" in _state:
@@ -188,8 +188,6 @@ def load_kernels(*, allow_build: bool = True) -> ModuleType | None:
         try:
             path = module_path()
             if not path.is_file():
-                if not allow_build:
-                    raise KernelBuildError("not built")
                 log.warning("building the CPU kernel for this machine (once, about 10-30 s)")
                 path = build()
             module = _import(path)
