@@ -21,3 +21,15 @@ class ContextLengthError(InvalidRequestError):
 
 class QueueFullError(EngineError):
     """The prefill queue is at its depth limit (maps to HTTP 503)."""
+
+
+class RequestMemoryBudgetError(EngineError):
+    """A request's estimated memory exceeds the request memory budget (maps to HTTP 503)."""
+
+    def __init__(self, estimated_bytes: int, budget_bytes: int) -> None:
+        super().__init__(
+            f"request_memory_budget_exceeded: estimated_bytes={estimated_bytes}, "
+            f"budget_bytes={budget_bytes}; shorten the prompt/output or lower retained cache usage"
+        )
+        self.estimated_bytes = estimated_bytes
+        self.budget_bytes = budget_bytes

@@ -17,9 +17,14 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
+from mlxcel.engine.errors import (
+    ContextLengthError,
+    InvalidRequestError,
+    QueueFullError,
+    RequestMemoryBudgetError,
+)
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
-from mlxcel.server.errors import APIError, bad_request, server_busy
+from mlxcel.server.errors import APIError, bad_request, memory_budget_exceeded, server_busy
 
 
 class _Dispatcher:
@@ -205,6 +210,8 @@ class EngineClient:
             self.engine.submit(request, _HeldSink(stream) if held else stream._sink)
         except QueueFullError as exc:
             raise server_busy() from exc
+        except RequestMemoryBudgetError as exc:
+            raise memory_budget_exceeded(exc.estimated_bytes, exc.budget_bytes, str(exc)) from exc
         except ContextLengthError as exc:
             raise bad_request(str(exc), code="context_length_exceeded") from exc
         except InvalidRequestError as exc:

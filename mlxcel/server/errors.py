@@ -51,6 +51,18 @@ def server_busy(message: str = "All slots are busy. Please try again later.") ->
     return APIError(503, message, "server_busy", headers={"Retry-After": RETRY_AFTER_SECONDS})
 
 
+def memory_budget_exceeded(estimated_bytes: int, budget_bytes: int, message: str) -> APIError:
+    """503 request_memory_budget_exceeded with the spec's `estimated_bytes`/`budget_bytes`."""
+    return APIError(
+        503,
+        message,
+        "request_memory_budget_exceeded",
+        code="request_memory_budget_exceeded",
+        headers={"Retry-After": RETRY_AFTER_SECONDS},
+        extra={"estimated_bytes": estimated_bytes, "budget_bytes": budget_bytes},
+    )
+
+
 def error_body(message: str, type: str, code: str | None = None, **extra: Any) -> dict[str, Any]:
     """The OpenAI error object."""
     return {"error": {"message": message, "type": type, "code": code, **extra}}
