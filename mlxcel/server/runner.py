@@ -150,6 +150,65 @@ def speculation_config(settings: Settings, loaded: LoadedModel) -> SpeculationCo
     )
 
 
+def check_model_reference(settings: Settings) -> None:
+    """Refuse, before the port opens, a text model that cannot be found (ModelLoadError).
+
+    A missing file or directory, a file that is not GGUF, a GGUF whose header does not
+    parse, a directory without `config.json` or an uncached repo id with downloads off: the
+    server then exits 2 without ever announcing a port. The weights load after binding.
+    """
+    from mlxcel.engine.errors import ModelLoadError
+    from mlxcel.engine.loading.default_model import default_model_path
+    from mlxcel.server.embeddings.services import text_engine_wanted
+
+    if audio_only(settings) or not text_engine_wanted(settings):
+        return
+    ref = settings.model
+    if not ref:
+        default_model_path()  # ModelLoadError naming the package to install
+        return
+    path = Path(ref).expanduser()
+    if path.is_file():
+        from mlxcel.engine.loading.gguf import read_gguf_header
+
+        with path.open("rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ModelLoadError(f"{ref}: not a GGUF file or a model directory")
+        try:
+            read_gguf_header(path)
+        except Exception as exc:  # noqa: BLE001 - any parse failure means a damaged file
+            raise ModelLoadError(f"{ref}: truncated or corrupt GGUF header ({exc})") from None
+    elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path.name}: no config.json; not an MLX or Hugging Face model directory"
+            )
+    else:
+        from mlxcel.engine.loading.hf_cache import hf_offline, looks_like_repo_id, resolve_hf_repo
+
+        if not looks_like_repo_id(ref):
+            raise ModelLoadError(
+                f"{ref}: no such file or directory, and not a Hugging Face repo id"
+            )
+        if hf_offline():
+            try:
+                resolve_hf_repo(ref, allow_download=False)
+            except ValueError as exc:
+                raise ModelLoadError(str(exc).splitlines()[0]) from None
+
+
+def check_memory_budget_setting() -> None:
+    """Refuse to start (SettingsError) on an invalid MLXCEL_REQUEST_MEMORY_BUDGET."""
+    from mlxcel.config import SettingsError
+    from mlxcel.engine.text.memory_budget import configured_budget
+
+    try:
+        configured_budget()
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def load_into(state: ServerState) -> None:
     """Load the model and start the engine; fill `state` (ready once `state.client` is set)."""
     from mlxcel.engine.loading import load_model
@@ -373,8 +432,16 @@ def _bind_all(settings: Settings) -> list[socket.socket]:
 
 def run_server(settings: Settings) -> int:
     """Serve until SIGINT/SIGTERM; the exit status (1: cannot listen, 2: cannot load)."""
+    from mlxcel.engine.errors import ModelLoadError
+
     check_ssl(settings)
     chat_template_text(settings)  # fail on an unreadable template file before binding
+    check_memory_budget_setting()
+    try:
+        check_model_reference(settings)  # never announce a port that then disappears
+    except ModelLoadError as exc:
+        print(f"mlxcel: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     try:
         sockets = _bind_all(settings)
     except OSError as exc:

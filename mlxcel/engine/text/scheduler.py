@@ -26,6 +26,7 @@ from typing import Any
 
 from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel
+from mlxcel.engine.text.memory_budget import admit as admit_memory
 from mlxcel.engine.text.request import (
     GenerationEvent,
     GenerationRequest,
@@ -198,6 +199,7 @@ class TextEngine:
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         """Queue `request`; its events go to `sink` (called on the engine thread)."""
         budget = self.check(request)
+        admit_memory(self, len(request.prompt_tokens), budget)  # RequestMemoryBudgetError
         job = _Job(request=request, sink=sink, max_tokens=budget)
         job.flush = getattr(sink, "flush", None)
         with self._cond:

@@ -1,0 +1,127 @@
+"""Request memory admission: the estimate, the budget, and the 503 through a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from server_harness import ServeProcess
+
+from mlxcel.engine.errors import RequestMemoryBudgetError
+from mlxcel.engine.loading import load_model
+from mlxcel.engine.text.memory_budget import (
+    MemoryAdmission,
+    configured_budget,
+    estimate_request_bytes,
+    model_shapes,
+    parse_byte_size,
+)
+
+BUDGET = "400K"  # the tiny model: ~230 KB for a short request, ~650 KB for 600 tokens
+
+
+def test_byte_sizes_parse_and_bad_ones_are_refused() -> None:
+    assert parse_byte_size("12G") == 12 << 30
+    assert parse_byte_size("512m") == 512 << 20
+    assert parse_byte_size("1.5GiB") == 3 << 29
+    assert parse_byte_size("4096") == 4096
+    for bad in ("0", "none", "-1G", "12X", ""):
+        with pytest.raises(ValueError, match="MLXCEL_REQUEST_MEMORY_BUDGET"):
+            parse_byte_size(bad)
+    assert configured_budget({}) is None
+    assert configured_budget({"MLXCEL_REQUEST_MEMORY_BUDGET": "1M"}) == 1 << 20
+
+
+def test_estimate_follows_the_model_shapes_and_the_context(tiny_llama_dir: Path) -> None:
+    shapes = model_shapes(load_model(str(tiny_llama_dir)).model)
+    # 2 layers x 2 KV heads x 16 dims x (K and V) x float32
+    assert shapes.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    short = estimate_request_bytes(shapes, 10, 10, 512)
+    long = estimate_request_bytes(shapes, 10, 2000, 512)
+    assert short >= 256 * shapes.kv_bytes_per_token  # at least one KV step
+    assert long - short >= (2048 - 256) * shapes.kv_bytes_per_token
+    model = load_model(str(tiny_llama_dir)).model
+    admission = MemoryAdmission(model, budget=parse_byte_size(BUDGET))
+    assert admission.check(10, 10, 512) == short
+    with pytest.raises(RequestMemoryBudgetError) as caught:
+        admission.check(10, 2000, 512)
+    assert caught.value.estimated_bytes == long
+    assert caught.value.budget_bytes == parse_byte_size(BUDGET)
+
+
+@pytest.fixture(scope="module")
+def budget_server(tiny_llama_dir: Path) -> Iterator[ServeProcess]:
+    server = ServeProcess(
+        ["-m", str(tiny_llama_dir), "-np", "2", "-c", "4096", "--no-warmup"],
+        env={"MLXCEL_REQUEST_MEMORY_BUDGET": BUDGET},
+    ).start()
+    yield server
+    server.stop()
+
+
+def _chat(max_tokens: int, stream: bool) -> dict[str, object]:
+    return {
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def _assert_refused(response: httpx.Response) -> None:
+    assert response.status_code == 503, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.headers.get("retry-after")
+    error = response.json()["error"]
+    assert error["type"] == error["code"] == "request_memory_budget_exceeded"
+    assert error["budget_bytes"] == parse_byte_size(BUDGET)
+    assert error["estimated_bytes"] > error["budget_bytes"]
+    assert error["message"].startswith("request_memory_budget_exceeded: estimated_bytes=")
+
+
+def test_a_request_over_the_budget_is_refused_and_a_small_one_runs(
+    budget_server: ServeProcess,
+) -> None:
+    with budget_server.client() as client:
+        _assert_refused(client.post("/v1/chat/completions", json=_chat(600, False)))
+        _assert_refused(client.post("/completion", json={"prompt": "Hi", "n_predict": 600}))
+        ok = client.post("/v1/chat/completions", json=_chat(4, False))
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["usage"]["completion_tokens"] >= 1
+        assert client.get("/health").status_code == 200
+
+
+def test_a_streamed_request_is_refused_before_any_sse_byte(budget_server: ServeProcess) -> None:
+    with budget_server.client() as client:
+        with client.stream("POST", "/v1/chat/completions", json=_chat(600, True)) as response:
+            body = response.read()
+            assert not body.startswith(b"data:")
+            response._content = body
+            _assert_refused(response)
+        with client.stream("POST", "/v1/chat/completions", json=_chat(4, True)) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[0][6:])["object"] == "chat.completion.chunk"
+
+
+def test_an_invalid_budget_refuses_to_start(tiny_llama_dir: Path) -> None:
+    for bad in ("0", "none"):
+        result = subprocess.run(
+            [sys.executable, "-m", "mlxcel", "serve", "-m", str(tiny_llama_dir), "--port", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "MLXCEL_REQUEST_MEMORY_BUDGET": bad},
+        )
+        assert result.returncode == 2
+        assert "listening" not in result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "MLXCEL_REQUEST_MEMORY_BUDGET" in lines[0], lines
