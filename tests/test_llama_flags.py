@@ -177,6 +177,7 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "media_path": ("/media", "/media"),
     "reasoning_format": ("none", "none"),
     "reasoning_budget": ("0", 0),
+    "reasoning": ("off", "off"),
     "chat_template": ("chatml", "chatml"),
     "chat_template_file": ("t.jinja", "t.jinja"),
     "model_store": ("/store", "/store"),
@@ -413,3 +414,62 @@ def test_markdown_has_a_row_per_option() -> None:
         assert cells[3].strip() == flag.status.value
         if flag.field:
             assert f"`{flag.field}`" in cells[4]
+
+
+def test_underscore_spellings_are_accepted_as_llama_server_does() -> None:
+    """llama-server turns `_` into `-` in a `--long` option before looking it up."""
+    out = parse_serve_args(
+        ["--ctx_size", "64", "--chat_template_kwargs={\"a_b\": 1}", "--n_gpu_layers", "3"]
+    )
+    assert out.cli == {"ctx_size": 64, "chat_template_kwargs": {"a_b": 1}}
+    assert out.warnings and "--n-gpu-layers" in out.warnings[0]
+    for flag in FLAGS:
+        for spelling in flag.spellings:
+            if spelling.startswith("--") and "-" in spelling[2:]:
+                underscored = "--" + spelling[2:].replace("-", "_")
+                args = [underscored, *_plausible_args(flag)]
+                if flag.status is Status.SUPPORTED and not flag.spec.action:
+                    assert parse_serve_args(args).cli == parse_serve_args(
+                        [spelling, *args[1:]]
+                    ).cli
+    with pytest.raises(SettingsError, match="unknown option"):
+        parse_serve_args(["-c_x", "1"])  # short options are taken as they are
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--reasoning", "off"], "off"),
+        (["-rea", "0"], "off"),
+        (["--reasoning=disabled"], "off"),
+        (["--reasoning", "on"], "on"),
+        (["--reasoning", "1"], "on"),
+        (["--reasoning"], "on"),
+        (["--reasoning", "auto"], "auto"),
+        (["--reasoning", "-1"], "auto"),
+    ],
+)
+def test_reasoning_switch_spellings(argv: list[str], expected: str) -> None:
+    assert parse_serve_args(argv).cli == {"reasoning": expected}
+
+
+def test_reasoning_switch_sets_template_and_format_defaults() -> None:
+    off = resolve_settings(cli=parse_serve_args(["--reasoning", "off"]).cli, env={}).settings
+    assert off.chat_template_kwargs == {"enable_thinking": False}
+    assert off.reasoning_format == "none"
+    on = resolve_settings(env={"LLAMA_ARG_REASONING": "on"}).settings
+    assert on.chat_template_kwargs == {"enable_thinking": True}
+    assert on.reasoning_format == "auto"
+    auto = resolve_settings(env={}).settings
+    assert auto.chat_template_kwargs == {} and auto.reasoning_format == "auto"
+    # An explicit enable_thinking in --chat-template-kwargs wins over the switch.
+    mixed = resolve_settings(
+        cli={"reasoning": "off", "chat_template_kwargs": {"enable_thinking": True, "x": 1}},
+        env={},
+    ).settings
+    assert mixed.chat_template_kwargs == {"enable_thinking": True, "x": 1}
+    assert mixed.reasoning_format == "auto"
+    with pytest.raises(SettingsError, match="--reasoning"):
+        parse_serve_args(["--reasoning", "maybe"])
+    with pytest.raises(SettingsError, match="LLAMA_ARG_REASONING"):
+        resolve_settings(env={"LLAMA_ARG_REASONING": "maybe"})

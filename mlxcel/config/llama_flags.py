@@ -505,8 +505,7 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
      "-rea, --reasoning [on|off|auto]",
      "LLAMA_ARG_REASONING",
      "'auto' (detect from template",
-        ref("a server-wide reasoning switch is not supported; use --reasoning-budget 0",
-            noop=("auto",))),
+        sup("reasoning", "on/off set the templates' default enable_thinking")),
     (_SERVER, "--reasoning-effort LEVEL", "LLAMA_ARG_REASONING_EFFORT", "default",
         ref("a server-wide reasoning effort is not supported; send it per request",
             noop=("default",))),
@@ -945,6 +944,18 @@ def _apply(flag: Flag, spelling: str, values: list[str], out: ServeArgs) -> None
     out.warnings.append(f"ignoring {shown}: {spec.note}")
 
 
+def _is_choice(flag: Flag, word: str) -> bool:
+    """Whether `word` is the value of the optional-value option `flag`: one of its choices,
+    or, for an on/off/auto option, any word (llama.cpp's 1/0, true/false, -1 ...)."""
+    text = word.strip().lower()
+    if text in flag.choices:
+        return True
+    # llama.cpp's on/off/auto options always take a value: a word is theirs (and is
+    # checked), only the next option is not
+    on_off_auto = {"on", "off", "auto"} <= set(flag.choices)
+    return on_off_auto and (not text.startswith("-") or text == "-1")
+
+
 def parse_serve_args(argv: list[str]) -> ServeArgs:
     """Parse llama-server style arguments (`-c 4096`, `--port=8080`, `--no-slots`, ...).
 
@@ -959,17 +970,18 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
         if not token.startswith("-") or token in ("-", "--"):
             raise SettingsError(f"unexpected argument {token!r}")
         spelling, inline = token, None
-        flag = _BY_SPELLING.get(token)
-        if flag is None and "=" in token:
+        if "=" in token:
             spelling, inline = token.split("=", 1)
-            flag = _BY_SPELLING.get(spelling)
+        if spelling.startswith("--"):
+            spelling = spelling.replace("_", "-")  # llama-server's --flag_with_underscores
+        flag = _BY_SPELLING.get(spelling)
         if flag is None:
             close = difflib.get_close_matches(spelling, list(_BY_SPELLING), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise SettingsError(f"unknown option {spelling}{hint}")
         values: list[str] = [] if inline is None else [inline]
         if flag.optional:
-            if inline is None and i < len(argv) and argv[i].lower() in flag.choices:
+            if inline is None and i < len(argv) and _is_choice(flag, argv[i]):
                 values.append(argv[i])
                 i += 1
         elif flag.nargs == 0:

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 
 GROUPS: tuple[str, ...] = ("model", "chat", "sampling", "server", "logging")
@@ -159,6 +166,13 @@ class Settings(BaseModel):
         env="LLAMA_ARG_THINK_BUDGET",
         group="chat",
         ge=-1,
+    )
+    reasoning: Literal["on", "off", "auto"] = _f(
+        "auto",
+        "Thinking in chat: on, off (templates get enable_thinking=false, no reasoning split) "
+        "or auto (the template decides)",
+        env="LLAMA_ARG_REASONING",
+        group="chat",
     )
     spec_type: Literal["none", "ngram-simple", "draft-simple"] = _f(
         "none",
@@ -459,6 +473,38 @@ class Settings(BaseModel):
         if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
             return "on" if _BOOL_WORDS[value.strip().lower()] else "off"
         return value
+
+    @field_validator("reasoning", mode="before")
+    @classmethod
+    def _reasoning_word(cls, value: Any) -> Any:
+        """llama.cpp's spellings for --reasoning: on/off words, booleans, auto or -1."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, (str, int)):
+            text = str(value).strip().lower()
+            if text in ("auto", "-1"):
+                return "auto"
+            if text in _BOOL_WORDS:
+                return "on" if _BOOL_WORDS[text] else "off"
+        return value
+
+    @model_validator(mode="after")
+    def _reasoning_defaults(self) -> Settings:
+        """`reasoning` on/off becomes the server's default `enable_thinking` template
+        variable (a value set in `chat_template_kwargs` wins), as llama-server does; with
+        thinking off, reasoning text is not split out (`reasoning_format` none).
+
+        Only changed values are assigned, so re-validation on assignment ends at once.
+        """
+        if self.reasoning == "auto":
+            return self
+        kwargs = dict(self.chat_template_kwargs)
+        kwargs.setdefault("enable_thinking", self.reasoning == "on")
+        if kwargs != self.chat_template_kwargs:
+            self.chat_template_kwargs = kwargs
+        if kwargs["enable_thinking"] is False and self.reasoning_format != "none":
+            self.reasoning_format = "none"
+        return self
 
     @field_validator("parallel")
     @classmethod
