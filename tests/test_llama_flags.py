@@ -419,7 +419,7 @@ def test_markdown_has_a_row_per_option() -> None:
 def test_underscore_spellings_are_accepted_as_llama_server_does() -> None:
     """llama-server turns `_` into `-` in a `--long` option before looking it up."""
     out = parse_serve_args(
-        ["--ctx_size", "64", "--chat_template_kwargs={\"a_b\": 1}", "--n_gpu_layers", "3"]
+        ["--ctx_size", "64", '--chat_template_kwargs={"a_b": 1}', "--n_gpu_layers", "3"]
     )
     assert out.cli == {"ctx_size": 64, "chat_template_kwargs": {"a_b": 1}}
     assert out.warnings and "--n-gpu-layers" in out.warnings[0]
@@ -429,9 +429,7 @@ def test_underscore_spellings_are_accepted_as_llama_server_does() -> None:
                 underscored = "--" + spelling[2:].replace("-", "_")
                 args = [underscored, *_plausible_args(flag)]
                 if flag.status is Status.SUPPORTED and not flag.spec.action:
-                    assert parse_serve_args(args).cli == parse_serve_args(
-                        [spelling, *args[1:]]
-                    ).cli
+                    assert parse_serve_args(args).cli == parse_serve_args([spelling, *args[1:]]).cli
     with pytest.raises(SettingsError, match="unknown option"):
         parse_serve_args(["-c_x", "1"])  # short options are taken as they are
 
