@@ -40,6 +40,13 @@ if [ "$(uname -s)" = "Linux" ]; then
     echo "mlxcel setup: the CPU kernel was not built; float32 weights will be used" >&2
 fi
 
+# The shim that puts the PyPI OpenBLAS (scipy-openblas32) under MLX's CPU backend; without
+# it (no C compiler) MLX's float32 matmuls run on the reference BLAS, many times slower.
+if [ "$(uname -s)" = "Linux" ]; then
+  .venv/bin/python -m mlxcel.engine.blas_shim >&2 || \
+    echo "mlxcel setup: the BLAS shim was not built; the reference BLAS will be used" >&2
+fi
+
 if [ "${1:-}" = "--install" ]; then
   exit 0
 fi
