@@ -21,8 +21,23 @@ def supports_tools(chat_template: str | None) -> bool:
     return detect_format(str(chat_template) if chat_template else None) is not None
 
 
+_draining: set[int] = set()  # id() of the states whose server is draining
+
+
+def set_draining(state: ServerState) -> None:
+    """Mark `state`'s server as draining: `/health` answers 503 from now on."""
+    _draining.add(id(state))
+
+
+def is_draining(state: ServerState) -> bool:
+    """Whether `state`'s server got a stop signal and is finishing its requests."""
+    return id(state) in _draining
+
+
 def health_payload(state: ServerState) -> tuple[int, dict[str, Any]]:
     """(HTTP status, body) of the health check, as the spec shows them."""
+    if is_draining(state):
+        return 503, {"status": "draining", "tool_call_parser": None}
     if state.loading:
         return 503, {"status": "loading model", "tool_call_parser": None}
     if state.client is None:  # an embeddings-only server: no text engine, no slots
@@ -60,7 +75,7 @@ def health_payload(state: ServerState) -> tuple[int, dict[str, Any]]:
 @router.get("/health")
 @router.get("/")
 async def health(state: ServerState = Depends(get_state)) -> JSONResponse:
-    """Health check; 503 while loading or when every slot is busy."""
+    """Health check; 503 while loading, draining, or when every slot is busy."""
     status, body = health_payload(state)
     headers = {"Retry-After": RETRY_AFTER_SECONDS} if status == 503 else None
     return JSONResponse(body, status_code=status, headers=headers)

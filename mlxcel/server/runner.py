@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from mlxcel.server.app import create_app
+from mlxcel.server.health import is_draining, set_draining
 from mlxcel.server.http11 import GuardedH11Protocol
 from mlxcel.server.middleware import MAX_HEADER_BYTES
 from mlxcel.server.ops.routes import metrics_app
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SLOTS = 4
 GRACEFUL_SHUTDOWN_SECONDS = 3
+DRAIN_SECONDS = 30.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LISTENING_PREFIX = "mlxcel: listening on "
 
@@ -337,6 +340,7 @@ class _Server:
         self.sockets = sockets
         settings = state.settings
         self.main = _MainServer(uvicorn_config(create_app(state), settings))
+        self.main.state = state
         self.metrics: uvicorn.Server | None = None
         if len(sockets) > 1:
             config = uvicorn_config(metrics_app(state), settings, port=settings.metrics_port)
@@ -383,7 +387,34 @@ class _Server:
 
 
 class _MainServer(uvicorn.Server):
-    """uvicorn's server, ending with status 0 after SIGINT/SIGTERM (no re-raised signal)."""
+    """uvicorn's server, ending with status 0 after SIGINT/SIGTERM (no re-raised signal).
+
+    The first signal drains: while requests are queued or running, `/health` answers 503
+    "draining" (a load balancer stops sending), the port stays open and the in-flight
+    requests finish (at most DRAIN_SECONDS), then the server stops. A second signal stops
+    it at once.
+    """
+
+    state: ServerState | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        state = self.state
+        if state is not None and is_draining(state):  # a second signal: stop now
+            self.should_exit = self.force_exit = True
+            return
+        if self.should_exit or state is None or not _busy(state):
+            super().handle_exit(sig, frame)
+            return
+        set_draining(state)
+        print("mlxcel: draining: finishing in-flight requests", file=sys.stderr, flush=True)
+        threading.Thread(target=self._drain, name="mlxcel-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while time.monotonic() < deadline and self.state is not None and _busy(self.state):
+            time.sleep(0.05)
+        time.sleep(0.2)  # the last events reach their clients
+        self.should_exit = True
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -396,6 +427,15 @@ class _MainServer(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _busy(state: ServerState) -> bool:
+    """Whether the text engine has a request queued or holding a slot."""
+    client = state.client
+    if client is None:
+        return False
+    snap = client.engine.snapshot()
+    return bool(snap.queued) or any(slot.state != "idle" for slot in snap.slots)
 
 
 class _QuietServer(uvicorn.Server):
