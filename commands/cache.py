@@ -26,17 +26,18 @@ class _Row:
     path: Path
 
 
+_SHIPPED_LABEL = {"text": "default", "embedding": "default embedding", "speech": "default speech"}
+
+
 def _rows() -> list[_Row]:
-    from mlxcel.engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
+    from mlxcel.engine.loading.default_model import shipped_models
     from mlxcel.engine.loading.hf_cache import list_hf_cache
     from mlxcel.engine.loading.store import ModelStore
 
-    rows: list[_Row] = []
-    try:
-        path = default_model_path()
-        rows.append(_Row(f"{DEFAULT_MODEL_NAME} (default)", "pypi", path.stat().st_size, path))
-    except ValueError:
-        pass
+    rows: list[_Row] = [
+        _Row(f"{m.name} ({_SHIPPED_LABEL[m.use]})", "pypi", m.size_bytes, m.path)
+        for m in shipped_models()
+    ]
     for repo in list_hf_cache():
         rows.append(_Row(repo.repo_id, "hf-cache", repo.size_bytes, repo.path))
     for entry in ModelStore.default().entries():

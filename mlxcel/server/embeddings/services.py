@@ -31,6 +31,17 @@ log = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_QUEUE_DEPTH = 64
 
+# The 501 answers point at the flag that adds the model next to the running one (`--embedding`
+# alone would make an embeddings-only server instead).
+NO_EMBEDDINGS = (
+    "This server has no embedding model. Start it with `--embedding-model MODEL` "
+    "(`--embedding-model default`: the shipped all-MiniLM-L6-v2)"
+)
+NO_RERANK = (
+    "This server has no reranking model. Start it with `--reranker-model MODEL` "
+    "(`--reranker-model default`: the shipped all-MiniLM-L6-v2 ranking by cosine)"
+)
+
 
 @dataclass
 class EmbeddingServices:
@@ -66,11 +77,7 @@ def get_embedding_service(request: Request) -> EmbeddingService:
         return services.embeddings
     if services is not None and services.loading:
         raise _loading()
-    raise APIError(
-        501,
-        "This server does not support embeddings. Start it with `--embeddings`",
-        "not_supported_error",
-    )
+    raise APIError(501, NO_EMBEDDINGS, "not_supported_error")
 
 
 def get_rerank_service(request: Request) -> RerankService:
@@ -80,11 +87,7 @@ def get_rerank_service(request: Request) -> RerankService:
         return services.rerank
     if services is not None and services.loading:
         raise _loading()
-    raise APIError(
-        501,
-        "This server does not support reranking. Start it with `--reranking`",
-        "not_supported_error",
-    )
+    raise APIError(501, NO_RERANK, "not_supported_error")
 
 
 def _setting(settings: Any, name: str, default: Any) -> Any:
