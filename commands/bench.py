@@ -252,8 +252,10 @@ def _backend(report: BenchReport) -> str:
     m = report.model
     if not m.blas:
         return m.backend
+    from mlxcel.engine.blas import short_name
+
     kernel = " + mlxcel kernel" if "mlxcel CPU kernel" in m.quantization else ""
-    return f"{m.backend} ({m.blas.split(' (')[0]}{kernel})"
+    return f"{m.backend} ({short_name(m.blas)}{kernel})"
 
 
 def _model_label(report: BenchReport) -> str:

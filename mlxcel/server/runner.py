@@ -368,6 +368,11 @@ class _Server:
                 file=sys.stderr,
                 flush=True,
             )
+            if self.state.settings.verbose:
+                from mlxcel.engine.blas import blas_in_use
+                from mlxcel.engine.cpu_kernels.build import kernel_status
+
+                print(f"mlxcel: CPU matmuls: {blas_in_use()}; {kernel_status()}", file=sys.stderr)
 
     async def serve(self) -> None:
         main = self.main
