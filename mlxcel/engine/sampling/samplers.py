@@ -140,6 +140,15 @@ def _truncate(
     return vals, idx
 
 
+def gumbel_choice(vals: mx.array, key: mx.array) -> mx.array:
+    """Index of a draw from each row's `softmax(vals)` (Gumbel-max with noise from `key`).
+
+    The noise depends only on `key` and the row width, so a one-row call and row `i` of a
+    batched call with key `i` draw alike (`mlxcel.engine.sampling.batched` relies on it).
+    """
+    return mx.argmax(vals + mx.random.gumbel(shape=vals.shape, key=key), axis=-1)
+
+
 def _initial_key(seed: int | None) -> mx.array:
     if seed is None or seed < 0:
         seed = secrets.randbits(63)
@@ -162,7 +171,7 @@ def make_sampler(params: SamplingParams) -> Sampler:
         keys = mx.random.split(key[0], 3)
         key[0] = keys[0]
         vals, idx = _truncate(plan, logprobs, keys[1])
-        choice = mx.random.categorical(vals, axis=-1, key=keys[2])
+        choice = gumbel_choice(vals, keys[2])
         if idx is None:
             return choice
         return mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]

@@ -1,0 +1,209 @@
+"""One sampler for a whole decode batch: every row's settings as arrays in one graph.
+
+mlx-lm's `BatchGenerator` samples a batch in one call only when every row holds the same
+sampler object; otherwise it calls each row's sampler on its own one-row slice (one small
+graph per request per step). `BatchSampler` is that one shared object: before each call
+the engine queues the rows the call will see (`expect`), and the sampler applies each row's
+temperature, top-k/top-p/min-p, XTC, p-less and random key as per-row arrays.
+
+Rows are grouped by how their candidates are found (greedy; the top k for one k; the whole
+vocabulary sorted; the whole vocabulary in its own order), and each group is one batched
+graph. Inside a group each row's draw uses its own key, split exactly as `make_sampler`'s
+closure splits it, over the same candidates: a row samples the same tokens here as its own
+closure would, whatever rows share the batch (so a seeded request stays reproducible and
+greedy rows stay the argmax of their own row).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxcel.engine.sampling.params import SamplingParams
+from mlxcel.engine.sampling.samplers import (
+    _initial_key,
+    _Plan,
+    gumbel_choice,
+    mask_min_p,
+    mask_p_less,
+    mask_top_p,
+    mask_xtc,
+    sorted_candidates,
+    top_k_candidates,
+)
+
+_NEG_INF = float("-inf")
+
+_split3 = mx.vmap(lambda key: mx.random.split(key, 3))
+_uniform1 = mx.vmap(lambda key: mx.random.uniform(shape=(1,), key=key))
+_choice = mx.vmap(gumbel_choice)
+
+
+class BatchRowsError(RuntimeError):
+    """The batch the sampler was called on is not the rows the engine queued for it."""
+
+
+class RowSampling:
+    """One request's sampling state inside a `BatchSampler` (its plan and random key)."""
+
+    __slots__ = ("greedy", "group", "key", "params", "plan")
+
+    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+        self.params = params
+        self.greedy = params.temperature <= 0
+        self.plan = _Plan.from_params(params)
+        self.key: mx.array | None = None if self.greedy else _initial_key(params.seed)
+        plan = self.plan
+        if self.greedy:
+            self.group: tuple[str, int] = ("greedy", 0)
+        elif 0 < plan.top_k < vocab_size:
+            self.group = ("top_k", plan.top_k)
+        elif plan.top_p < 1.0:
+            self.group = ("sorted", 0)
+        else:
+            self.group = ("vocab", 0)
+
+
+@dataclass
+class _Group:
+    """Rows that find their candidates the same way, with their settings as arrays."""
+
+    kind: str
+    k: int
+    rows: list[int]  # positions in the batch
+    members: list[RowSampling]
+    index: mx.array | None  # `rows` as an array; None when the group is the whole batch
+    inv_temperature: mx.array | None = None
+    top_p: mx.array | None = None
+    uses_top_p: mx.array | None = None
+    log_min_p: mx.array | None = None
+    xtc_probability: mx.array | None = None
+    xtc_threshold: mx.array | None = None
+    xtc_always: bool = False
+    p_less: mx.array | None = None
+
+
+def _column(values: Sequence[float | bool]) -> mx.array:
+    return mx.array(list(values))[:, None]
+
+
+def _build_group(kind: str, k: int, rows: list[int], members: list[RowSampling], n: int) -> _Group:
+    index = None if len(rows) == n else mx.array(rows, dtype=mx.int32)
+    group = _Group(kind, k, rows, members, index)
+    if kind == "greedy":
+        return group
+    plans = [m.plan for m in members]
+    group.inv_temperature = _column([1.0 / p.temperature for p in plans])
+    if any(p.top_p < 1.0 for p in plans):
+        group.top_p = _column([p.top_p for p in plans])
+        group.uses_top_p = _column([p.top_p < 1.0 for p in plans])
+    if any(p.log_min_p is not None for p in plans):
+        group.log_min_p = _column([_NEG_INF if p.log_min_p is None else p.log_min_p for p in plans])
+    if any(p.xtc_probability > 0 for p in plans):
+        group.xtc_probability = _column([p.xtc_probability for p in plans])
+        group.xtc_threshold = _column([p.xtc_threshold for p in plans])
+        group.xtc_always = all(p.xtc_probability >= 1 for p in plans)
+    if any(p.p_less for p in plans):
+        group.p_less = _column([p.p_less for p in plans])
+    return group
+
+
+def _plan_groups(rows: Sequence[RowSampling]) -> list[_Group]:
+    by_kind: dict[tuple[str, int], list[int]] = {}
+    for i, row in enumerate(rows):
+        by_kind.setdefault(row.group, []).append(i)
+    return [
+        _build_group(kind, k, positions, [rows[i] for i in positions], len(rows))
+        for (kind, k), positions in by_kind.items()
+    ]
+
+
+def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
+    """The group's tokens: one batched graph over its rows (as `make_sampler` per row)."""
+    rows = logprobs if group.index is None else mx.take(logprobs, group.index, axis=0)
+    if group.kind == "greedy":
+        return mx.argmax(rows, axis=-1)
+    keys = mx.stack([m.key for m in group.members])  # type: ignore[misc]
+    split = _split3(keys)
+    for i, member in enumerate(group.members):
+        member.key = split[i, 0]
+    vals = rows.astype(mx.float32)
+    idx: mx.array | None = None
+    if group.kind == "top_k":
+        vals, idx = top_k_candidates(vals, group.k)
+    elif group.kind == "sorted":
+        vals, idx = sorted_candidates(vals)
+    if group.top_p is not None:
+        vals = mx.where(group.uses_top_p, mask_top_p(vals, group.top_p), vals)  # type: ignore[arg-type]
+    if group.log_min_p is not None:
+        vals = mask_min_p(vals, group.log_min_p)  # type: ignore[arg-type]
+    if group.xtc_probability is not None:
+        apply = None
+        if not group.xtc_always:
+            apply = _uniform1(split[:, 1]) < group.xtc_probability
+        vals = mask_xtc(vals, group.xtc_threshold, apply)  # type: ignore[arg-type]
+    vals = vals * group.inv_temperature
+    if group.p_less is not None:
+        vals = mx.where(group.p_less, mask_p_less(vals), vals)
+    choice = _choice(vals, split[:, 2])
+    if idx is None:
+        return choice
+    return mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+
+
+class BatchSampler:
+    """`sampler(logprobs[B, V]) -> tokens[B]` for a batch of rows with their own settings.
+
+    Give the same instance to every sequence of a `BatchGenerator`; before each call the
+    generator will make, queue that call's rows in batch order with `expect`. A call whose
+    batch size differs from the rows queued for it (or with none queued) raises
+    `BatchRowsError`: the engine's view of the batch moved from the generator's.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[RowSampling, ...]] = deque()
+        self._rows: tuple[RowSampling, ...] = ()
+        self._groups: list[_Group] = []
+
+    def expect(self, rows: Sequence[RowSampling]) -> None:
+        """Queue the rows (in batch order) of the next call not yet queued."""
+        self._queue.append(tuple(rows))
+
+    @property
+    def pending(self) -> int:
+        """Calls queued and not made yet."""
+        return len(self._queue)
+
+    def clear(self) -> None:
+        """Forget every queued call."""
+        self._queue.clear()
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        if not self._queue:
+            raise BatchRowsError("the batch sampler was called with no rows queued")
+        rows = self._queue.popleft()
+        if len(rows) != logprobs.shape[0]:
+            raise BatchRowsError(
+                f"the batch sampler expected {len(rows)} rows and got {logprobs.shape[0]}"
+            )
+        return self.sample(rows, logprobs)
+
+    def sample(self, rows: Sequence[RowSampling], logprobs: mx.array) -> mx.array:
+        """Sample one token per row of `logprobs` with `rows`' settings; advances their keys."""
+        rows = tuple(rows)
+        if len(rows) != len(self._rows) or any(
+            a is not b for a, b in zip(rows, self._rows, strict=True)
+        ):
+            self._rows, self._groups = rows, _plan_groups(rows)
+        groups = self._groups
+        if len(groups) == 1:
+            return _sample_group(groups[0], logprobs)
+        parts = [_sample_group(g, logprobs).astype(mx.uint32) for g in groups]
+        order = [i for g in groups for i in g.rows]
+        inverse = [0] * len(order)
+        for j, i in enumerate(order):
+            inverse[i] = j
+        return mx.take(mx.concatenate(parts), mx.array(inverse, dtype=mx.int32))
