@@ -24,7 +24,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mlxcel.engine.errors import EngineError, ModelLoadError, QueueFullError
-from mlxcel.engine.workers.errors import WorkerStoppedError, WorkerTimeoutError
+from mlxcel.engine.workers.errors import (
+    WorkerCrashedError,
+    WorkerStoppedError,
+    WorkerTimeoutError,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -291,6 +295,10 @@ class AudioWorker:
             if not isinstance(exc, EngineError):
                 log.exception("%s: job failed", self.name)
             job.future.set_exception(exc)
+        except BaseException as exc:  # the job killed the worker: fail it and keep serving
+            self.stats.failures += 1
+            log.error("%s: worker died mid-request (%s); restarted", self.name, type(exc).__name__)
+            job.future.set_exception(WorkerCrashedError(f"{self.name} died mid-request; restarted"))
         else:
             self.stats.jobs += 1
             job.future.set_result(result)

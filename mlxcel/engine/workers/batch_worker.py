@@ -23,7 +23,11 @@ from typing import Any
 
 from mlxcel.engine.embeddings.embedder import plan_batches
 from mlxcel.engine.errors import QueueFullError
-from mlxcel.engine.workers.errors import WorkerStoppedError, WorkerTimeoutError
+from mlxcel.engine.workers.errors import (
+    WorkerCrashedError,
+    WorkerStoppedError,
+    WorkerTimeoutError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,7 @@ class WorkerStats:
     batches: int = 0
     failures: int = 0
     timeouts: int = 0
+    restarts: int = 0
     busy_seconds: float = 0.0
 
 
@@ -123,8 +128,11 @@ class BatchWorker:
 
     def submit(self, job: Job) -> Future[Any]:
         """Queue `job`; QueueFullError when the queue is at its depth, at once."""
-        if self._stopping.is_set() or not self.running:
+        if self._stopping.is_set():
             raise WorkerStoppedError(f"{self.name} is not running")
+        if self._thread is not None and not self._thread.is_alive():  # it died: restart
+            self.stats.restarts += 1
+            self.start()
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -149,10 +157,25 @@ class BatchWorker:
                 started = time.perf_counter()
                 try:
                     self._serve(jobs)
+                except BaseException as exc:  # the worker died mid-batch: restart it
+                    self._crashed(jobs, exc)
                 finally:
                     self.stats.busy_seconds += time.perf_counter() - started
         finally:
             mx.clear_streams()
+
+    def _crashed(self, jobs: list[Job], exc: BaseException) -> None:
+        """Fail the batch's unfinished jobs cleanly and keep serving (a restart in place)."""
+        log.error("%s: worker died mid-batch (%s); restarted", self.name, type(exc).__name__)
+        self.stats.failures += 1
+        self.stats.restarts += 1
+        error = WorkerCrashedError(f"{self.name} died while running the request; it restarted")
+        for job in jobs:
+            future = job.future
+            if future.done():
+                continue
+            if future.running() or future.set_running_or_notify_cancel():
+                future.set_exception(error)
 
     def _gather(self, first: Job) -> list[Job]:
         """`first` plus queued jobs while they fit in one batch of sequences."""

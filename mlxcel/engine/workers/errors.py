@@ -11,3 +11,7 @@ class WorkerTimeoutError(EngineError):
 
 class WorkerStoppedError(EngineError):
     """The worker was stopped before it could run the job (maps to HTTP 503)."""
+
+
+class WorkerCrashedError(EngineError):
+    """The worker died while running the job; it was restarted (maps to HTTP 500)."""

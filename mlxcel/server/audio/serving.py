@@ -11,7 +11,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
-from mlxcel.engine.workers.errors import WorkerStoppedError, WorkerTimeoutError
+from mlxcel.engine.workers.errors import (
+    WorkerCrashedError,
+    WorkerStoppedError,
+    WorkerTimeoutError,
+)
 from mlxcel.server.audio.protocol import SPEECH_MEDIA_TYPES, SpeechRequest, TranscriptionForm
 from mlxcel.server.errors import APIError, bad_request, server_busy
 
@@ -78,6 +82,8 @@ async def call_worker(job: Awaitable[T]) -> T:
         raise APIError(503, str(exc), "unavailable_error") from exc
     except WorkerTimeoutError as exc:
         raise APIError(504, str(exc), "timeout_error") from exc
+    except WorkerCrashedError as exc:
+        raise APIError(500, str(exc), "server_error") from exc
     except AudioUnavailableError as exc:
         raise not_implemented(str(exc)) from exc
     except PhonemizerUnavailable as exc:

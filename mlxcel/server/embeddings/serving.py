@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
-from mlxcel.engine.workers.errors import WorkerStoppedError, WorkerTimeoutError
+from mlxcel.engine.workers.errors import (
+    WorkerCrashedError,
+    WorkerStoppedError,
+    WorkerTimeoutError,
+)
 from mlxcel.server.errors import APIError, bad_request, server_busy
 
 if TYPE_CHECKING:
@@ -44,6 +48,8 @@ async def await_job(submit: Any, timeout: float | None) -> Any:
         raise server_busy() from exc
     except WorkerStoppedError as exc:
         raise APIError(503, str(exc), "unavailable_error") from exc
+    except WorkerCrashedError as exc:
+        raise APIError(500, str(exc), "server_error") from exc
     except ContextLengthError as exc:
         raise bad_request(str(exc), code="context_length_exceeded") from exc
     except InvalidRequestError as exc:
