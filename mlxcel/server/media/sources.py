@@ -1,0 +1,88 @@
+"""One entry point for media a request names: data URI, http(s) URL, file:// URL or path."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import urllib.parse
+from dataclasses import dataclass
+from typing import Literal
+
+from mlxcel.server.media.errors import MediaError
+from mlxcel.server.media.local import read_local_file
+from mlxcel.server.media.policy import VIDEO_ALLOWLIST_ENV, MediaPolicy
+from mlxcel.server.media.remote import fetch_url
+
+MediaKind = Literal["image", "audio", "video"]
+
+
+@dataclass(frozen=True)
+class MediaBlob:
+    """The bytes of one media item and where they came from."""
+
+    kind: MediaKind
+    data: bytes
+    mime_type: str | None
+    source: Literal["data", "url", "file"]
+
+
+def parse_data_uri(uri: str, max_bytes: int, what: str) -> tuple[str | None, bytes]:
+    """(media type, bytes) of a `data:` URI; the encoded size is checked before decoding."""
+    header, sep, payload = uri[5:].partition(",")
+    if not sep:
+        raise MediaError(f"{what} data URI has no ',' before its data")
+    parts = header.split(";")
+    mime = parts[0].strip().lower() or None
+    if len(payload) > (max_bytes * 4) // 3 + 4:
+        raise MediaError(f"{what} is larger than {max_bytes} bytes")
+    if "base64" in (p.strip().lower() for p in parts[1:]):
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise MediaError(f"{what} data URI is not valid base64") from None
+    else:
+        data = urllib.parse.unquote_to_bytes(payload)
+    if len(data) > max_bytes:
+        raise MediaError(f"{what} is larger than {max_bytes} bytes")
+    return mime, data
+
+
+def _local_roots(kind: MediaKind, policy: MediaPolicy, what: str) -> tuple:
+    if kind == "video":
+        if not policy.video_dirs:
+            raise MediaError(
+                f"local {what} paths are disabled; list the allowed directories in "
+                f"{VIDEO_ALLOWLIST_ENV} and restart the server"
+            )
+        return policy.video_dirs
+    if policy.media_root is None:
+        raise MediaError(f"local {what} paths are disabled; start the server with --media-path DIR")
+    return (policy.media_root,)
+
+
+async def load_media(url: str, kind: MediaKind, policy: MediaPolicy) -> MediaBlob:
+    """The bytes `url` names, under `policy` (MediaError, a 400, when refused or unusable)."""
+    what = kind
+    if not isinstance(url, str) or not url:
+        raise MediaError(f"{what} url must be a non-empty string")
+    max_bytes = policy.max_bytes(kind)
+    lowered = url[:8].lower()
+    if lowered.startswith("data:"):
+        mime, data = parse_data_uri(url, max_bytes, what)
+        return MediaBlob(kind, data, mime, "data")
+    if lowered.startswith(("http://", "https://")):
+        data = await fetch_url(url, policy, max_bytes, what)
+        return MediaBlob(kind, data, None, "url")
+    if lowered.startswith("file:"):
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise MediaError(f"{what} file:// URL must name a local path")
+        path = urllib.parse.unquote(parsed.path)
+    elif url.startswith("/"):
+        path = url
+    else:
+        raise MediaError(
+            f"{what} url must be a data URI, an http(s) URL, a file:// URL or an absolute path"
+        )
+    data = read_local_file(path, _local_roots(kind, policy, what), max_bytes, what)
+    return MediaBlob(kind, data, None, "file")
