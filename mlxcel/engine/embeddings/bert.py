@@ -65,23 +65,39 @@ class BertLayer(nn.Module):
         return self.ffn_norm(x + self.ffn_out(self.act(self.ffn_in(x))))
 
 
+HEADS = ("pooler", "dense", "linear", "tanh")
+"""Classification heads on the first token's hidden state h:
+
+- `pooler`: classifier(tanh(pooler(h))), BERT's sequence classifier;
+- `dense`: classifier(tanh(head_dense(h))), RoBERTa's (and llama.cpp's `cls` + `cls.output`);
+- `linear`: classifier(h), llama.cpp's `cls.output` alone (its BERT cross-encoders);
+- `tanh`: tanh(classifier(h)), llama.cpp's `cls` alone.
+"""
+
+
 class BertEncoder(nn.Module):
     """A BERT-family encoder: `__call__` gives hidden states, `classify` gives logits.
 
-    `pooler` exists when the checkpoint has one (BERT cross-encoders need it); `head_dense`
-    is RoBERTa's classification head. Both are absent from plain embedding models.
+    `pooler` exists when the checkpoint has one; `head` picks the classification head
+    (one of HEADS; default `dense` for RoBERTa, `pooler` for BERT). Plain embedding models
+    have neither.
     """
 
-    def __init__(self, config: EncoderConfig, *, with_pooler: bool = False) -> None:
+    def __init__(
+        self, config: EncoderConfig, *, with_pooler: bool = False, head: str | None = None
+    ) -> None:
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.layers = [BertLayer(config) for _ in range(config.num_layers)]
         h = config.hidden_size
+        self._head = head or ("dense" if config.family == "roberta" else "pooler")
+        if self._head not in HEADS:
+            raise ValueError(f"unknown classification head {self._head!r}")
         if config.num_labels > 0:
-            if config.family == "roberta":
+            if self._head == "dense":
                 self.head_dense = nn.Linear(h, h)
-            else:
+            elif self._head == "pooler":
                 with_pooler = True
             self.classifier = nn.Linear(h, config.num_labels)
         if with_pooler:
@@ -100,9 +116,12 @@ class BertEncoder(nn.Module):
     def classify(self, hidden: mx.array, mask: mx.array) -> mx.array:
         """Sequence-classification logits (B, num_labels) from hidden states."""
         first = hidden[:, 0]
-        if self.config.family == "roberta":
+        if self._head == "dense":
             return self.classifier(mx.tanh(self.head_dense(first)))
-        return self.classifier(mx.tanh(self.pooler(first)))
+        if self._head == "pooler":
+            return self.classifier(mx.tanh(self.pooler(first)))
+        logits = self.classifier(first)
+        return mx.tanh(logits) if self._head == "tanh" else logits
 
 
 _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")

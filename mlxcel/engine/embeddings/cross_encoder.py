@@ -35,7 +35,7 @@ class CrossEncoderReranker(Reranker):
         cls, path: Path, *, name: str | None = None, dtype: str = "auto"
     ) -> CrossEncoderReranker:
         """Load the cross-encoder in directory `path`."""
-        return cls(EncoderModel(path, name=name, dtype=dtype))
+        return cls(EncoderModel.from_dir(path, name=name, dtype=dtype))
 
     def prepare(
         self,

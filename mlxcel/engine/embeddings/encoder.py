@@ -69,22 +69,49 @@ def encoder_max_length(path: Path, config: EncoderConfig) -> int:
 
 
 class EncoderModel:
-    """An MLX encoder with its tokenizer: the part embedders and cross-encoders share."""
+    """An MLX encoder with its tokenizer: the part embedders and cross-encoders share.
 
-    def __init__(self, path: Path, *, name: str | None = None, dtype: str = "auto") -> None:
+    `from_dir` loads a Hugging Face directory; `mlxcel.engine.embeddings.gguf_encoder` builds
+    one from a GGUF file. `default_pooling` is the pooling the checkpoint names (None: mean).
+    """
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        name: str,
+        config: EncoderConfig,
+        module: nn.Module,
+        tokenizer: TextTokenizer,
+        max_length: int,
+        default_pooling: Pooling | None = None,
+    ) -> None:
+        self.path = path
+        self.name = name
+        self.config = config
+        self.module = module
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.pad_id = config.pad_token_id
+        self.default_pooling = default_pooling
+
+    @classmethod
+    def from_dir(cls, path: Path, *, name: str | None = None, dtype: str = "auto") -> EncoderModel:
+        """Load the encoder in Hugging Face directory `path`."""
         from mlxcel.engine.loading.safety import check_model_dir
 
-        self.path = path
-        self.name = name or path.name
-        check_model_dir(path, name=self.name)
-        raw = read_config(path)
-        self.config = encoder_config(raw, name=self.name)
-        self.module: nn.Module = build_encoder(
-            self.config, read_weights(path), name=self.name, dtype=dtype
+        name = name or path.name
+        check_model_dir(path, name=name)
+        config = encoder_config(read_config(path), name=name)
+        return cls(
+            path=path,
+            name=name,
+            config=config,
+            module=build_encoder(config, read_weights(path), name=name, dtype=dtype),
+            tokenizer=TextTokenizer.from_dir(path),
+            max_length=encoder_max_length(path, config),
+            default_pooling=pooling_from_dir(path),
         )
-        self.tokenizer = TextTokenizer.from_dir(path)
-        self.max_length = encoder_max_length(path, self.config)
-        self.pad_id = self.config.pad_token_id
 
     def hidden(self, batch: Sequence[TokenizedInput]) -> tuple[mx.array, PaddedBatch]:
         """Hidden states (B, T, H) of one batch and the padded inputs."""
@@ -93,8 +120,8 @@ class EncoderModel:
 
 
 class EncoderEmbedder(Embedder):
-    """Embeddings from an encoder: pooling from `1_Pooling/config.json` (else mean, as
-    sentence-transformers does) unless overridden."""
+    """Embeddings from an encoder: the checkpoint's pooling (`1_Pooling/config.json`, a GGUF
+    file's `pooling_type`), else mean as sentence-transformers does, unless overridden."""
 
     kind = "encoder"
 
@@ -104,7 +131,7 @@ class EncoderEmbedder(Embedder):
         self.path = model.path
         self.dimension = model.config.hidden_size
         self.max_length = model.max_length
-        self.default_pooling = pooling or pooling_from_dir(model.path) or "mean"
+        self.default_pooling = pooling or model.default_pooling or "mean"
 
     @classmethod
     def load(
@@ -116,7 +143,7 @@ class EncoderEmbedder(Embedder):
         dtype: str = "auto",
     ) -> EncoderEmbedder:
         """Load the encoder in directory `path`."""
-        return cls(EncoderModel(path, name=name, dtype=dtype), pooling=pooling)
+        return cls(EncoderModel.from_dir(path, name=name, dtype=dtype), pooling=pooling)
 
     def tokenize(
         self, inputs: Sequence[EmbeddingInput], *, truncate: bool = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxcel.engine.embeddings.config import is_classifier_config, is_encoder_config, read_config
 from mlxcel.engine.embeddings.embedder import Embedder
@@ -16,6 +17,9 @@ from mlxcel.engine.loading.default_model import (
     EMBEDDING_INSTALL_HINT,
     shipped_model_dir,
 )
+
+if TYPE_CHECKING:
+    from mlxcel.engine.embeddings.encoder import EncoderModel
 
 DEFAULT_ALIASES = frozenset({"default", DEFAULT_EMBEDDING_NAME, "all-minilm-l6-v2"})
 """Names that mean the shipped all-MiniLM-L6-v2 (as `--audio-model default` means tiny.en)."""
@@ -58,6 +62,24 @@ def _is_encoder_dir(path: Path | None) -> bool:
     return path is not None and is_encoder_config(read_config(path))
 
 
+def _gguf_encoder_file(ref: str | None) -> Path | None:
+    """The GGUF file `ref` names when it holds an encoder (bert, jina-bert-v2, ...)."""
+    if ref is None or is_default_ref(ref):
+        return None
+    path = Path(os.path.expanduser(ref))
+    if not path.is_file():
+        return None
+    from mlxcel.engine.embeddings.gguf_encoder import has_gguf_magic, is_gguf_encoder
+
+    return path if has_gguf_magic(path) and is_gguf_encoder(path) else None
+
+
+def _load_gguf_encoder(path: Path, dtype: str) -> EncoderModel:
+    from mlxcel.engine.embeddings.gguf_encoder import load_gguf_encoder
+
+    return load_gguf_encoder(path, name=path.name, dtype=dtype)
+
+
 def _name(ref: str | None, path: Path | None) -> str:
     if ref is None or is_default_ref(ref):
         return DEFAULT_EMBEDDING_NAME
@@ -69,7 +91,7 @@ def _cap(value: int, max_length: int | None) -> int:
 
 
 def is_encoder_model(ref: str | None) -> bool:
-    """Whether `ref` names an encoder directory (which the text engine cannot run).
+    """Whether `ref` names an encoder (a directory or a GGUF file the text engine cannot run).
 
     None (the default text model) and anything that cannot be resolved count as not;
     `default` (the shipped MiniLM) counts as one.
@@ -79,7 +101,7 @@ def is_encoder_model(ref: str | None) -> bool:
     if is_default_ref(ref):
         return True
     try:
-        return _is_encoder_dir(_local_dir(ref))
+        return _gguf_encoder_file(ref) is not None or _is_encoder_dir(_local_dir(ref))
     except ModelLoadError:
         return False
 
@@ -94,13 +116,21 @@ def load_embedder(
 ) -> Embedder:
     """Load an embedding model; None or `default` means the shipped all-MiniLM-L6-v2.
 
-    Encoders (BERT, XLM-RoBERTa, ModernBERT directories) run on mlxcel's MLX encoder; any
+    Encoders (BERT, XLM-RoBERTa, ModernBERT directories, llama.cpp `bert` GGUF files) run on
+    mlxcel's MLX encoder; any
     other model goes through the text loader and is pooled from its last hidden states.
     `max_length` lowers the model's input limit (for example to the server's context size).
     """
     method: Pooling | None = check_pooling(pooling) if pooling is not None else None
-    path = default_embedding_model_dir() if ref is None or is_default_ref(ref) else _local_dir(ref)
     embedder: Embedder
+    gguf = _gguf_encoder_file(ref)
+    if gguf is not None:
+        from mlxcel.engine.embeddings.encoder import EncoderEmbedder
+
+        embedder = EncoderEmbedder(_load_gguf_encoder(gguf, dtype), pooling=method)
+        embedder.max_length = _cap(embedder.max_length, max_length)
+        return embedder
+    path = default_embedding_model_dir() if ref is None or is_default_ref(ref) else _local_dir(ref)
     if path is not None and _is_encoder_dir(path):
         from mlxcel.engine.embeddings.encoder import EncoderEmbedder
 
@@ -125,11 +155,26 @@ def load_reranker(
 ) -> Reranker:
     """Load a reranker; None or `default` means the shipped MiniLM used as a bi-encoder.
 
-    Encoders with a sequence-classification head are cross-encoders; other encoders rank by
+    Encoders (directories or `bert` GGUF files) with a sequence-classification head are
+    cross-encoders; other encoders rank by
     embedding cosine; causal models are generative yes/no rerankers.
     """
-    path = default_embedding_model_dir() if ref is None or is_default_ref(ref) else _local_dir(ref)
     reranker: Reranker
+    gguf = _gguf_encoder_file(ref)
+    if gguf is not None:
+        model = _load_gguf_encoder(gguf, dtype)
+        if model.config.num_labels > 0:
+            from mlxcel.engine.embeddings.cross_encoder import CrossEncoderReranker
+
+            reranker = CrossEncoderReranker(model)
+        else:
+            from mlxcel.engine.embeddings.bi_encoder import BiEncoderReranker
+            from mlxcel.engine.embeddings.encoder import EncoderEmbedder
+
+            reranker = BiEncoderReranker(EncoderEmbedder(model))
+        reranker.max_length = _cap(reranker.max_length, max_length)
+        return reranker
+    path = default_embedding_model_dir() if ref is None or is_default_ref(ref) else _local_dir(ref)
     if path is not None and _is_encoder_dir(path):
         if is_classifier_config(read_config(path)):
             from mlxcel.engine.embeddings.cross_encoder import CrossEncoderReranker

@@ -50,9 +50,9 @@ def _dtype(weights: dict[str, mx.array], dtype: str) -> mx.Dtype | None:
         return None
     if dtype == "float32":
         return mx.float32
-    first = next(iter(weights.values()))
     on_cpu = mx.default_device() == mx.cpu
-    return mx.float32 if on_cpu and first.dtype in _HALF else None
+    half = any(v.dtype in _HALF for v in weights.values())
+    return mx.float32 if on_cpu and half else None
 
 
 def build_encoder(
@@ -77,12 +77,25 @@ def build_encoder(
         target = mapper(key)
         if target is not None and target in expected:
             mapped[target] = value
-    missing = sorted(expected - set(mapped))
+    return load_into(module, mapped, name=name, dtype=dtype)
+
+
+def load_into(
+    module: nn.Module, weights: dict[str, mx.array], *, name: str = "model", dtype: str = "auto"
+) -> nn.Module:
+    """`module` with `weights` (its own parameter names) loaded, cast per `dtype`, evaluated.
+
+    ModelLoadError names the parameters the weights lack.
+    """
+    expected = {str(pair[0]) for pair in tree_flatten(module.parameters())}
+    missing = sorted(expected - set(weights))
     if missing:
         shown = ", ".join(missing[:3]) + (" …" if len(missing) > 3 else "")
         raise ModelLoadError(f"{name}: weights missing for {shown}")
     cast = _dtype(weights, dtype)
-    items = [(k, v.astype(cast) if cast is not None else v) for k, v in mapped.items()]
+    items = [
+        (k, v.astype(cast) if cast is not None else v) for k, v in weights.items() if k in expected
+    ]
     try:
         module.load_weights(items, strict=True)
     except ValueError as exc:
