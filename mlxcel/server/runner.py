@@ -63,32 +63,30 @@ def plan_slots(settings: Settings, model_context: int) -> SlotPlan:
 def chat_template_text(settings: Settings) -> str | None:
     """The chat template override: `--chat-template-file`'s text, else `--chat-template`.
 
-    `--chat-template` is Jinja text, or the name of a built-in template (only `chatml` is
-    built in); any other bare name is refused rather than rendered as literal text.
+    Read as llama-server reads it (`override_source`): a built-in name (`llama3`,
+    `chatml`, ...) or Jinja text; without `--jinja`, text recognised as a built-in format.
     """
     from mlxcel.config import SettingsError
+    from mlxcel.engine.chat.template import TemplateError, override_source
 
+    label = "--chat-template"
     if settings.chat_template_file:
+        label = "--chat-template-file"
         path = Path(settings.chat_template_file).expanduser()
         try:
-            return path.read_text(encoding="utf-8")
+            template: str | None = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise SettingsError(
                 f"--chat-template-file: cannot read {path.name}: {exc.strerror or exc}"
             ) from None
-    template = settings.chat_template
+    else:
+        template = settings.chat_template
     if not template:
         return None
-    if "{{" in template or "{%" in template:
-        return template
-    if template.strip().lower() == "chatml":
-        from mlxcel.engine.chat.template import CHATML_TEMPLATE
-
-        return CHATML_TEMPLATE
-    raise SettingsError(
-        f"--chat-template: unknown built-in template {template.strip()!r} (built in: chatml); "
-        "pass Jinja text or use --chat-template-file"
-    )
+    try:
+        return override_source(template, jinja=settings.jinja)
+    except TemplateError as exc:
+        raise SettingsError(f"{label}: {exc}") from None
 
 
 def check_ssl(settings: Settings) -> None:

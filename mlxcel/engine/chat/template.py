@@ -9,7 +9,9 @@ conventions (`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII 
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NoReturn
@@ -87,6 +89,51 @@ def detect_family(source: str) -> str:
         if all(marker in source for marker in markers):
             return family
     return "generic"
+
+
+def override_source(text: str, *, jinja: bool = True) -> str:
+    """The Jinja source `--chat-template TEXT` stands for, as llama-server reads it.
+
+    A built-in name (`llama3`, `chatml`, ...; see `BUILTIN_NAMES`) gives that template.
+    Other text is a Jinja template as it is (with `jinja`, llama-server's default), or,
+    without, must be recognisable as one of the built-in formats by its markers. A lone
+    word that is no built-in name is refused (a typo; llama-server would render it as the
+    prompt). The result is compiled and tried on one message; TemplateError (one line)
+    otherwise.
+    """
+    from mlxcel.engine.chat.builtin_templates import (
+        BUILTIN_NAMES,
+        builtin_template,
+        detect_builtin,
+    )
+
+    name = text.strip()
+    source = builtin_template(name)
+    if source is None and re.fullmatch(r"[\w.\-]+", name):
+        # A lone word is a mistyped name, not a prompt (llama-server would render it).
+        close = difflib.get_close_matches(name, BUILTIN_NAMES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TemplateError(
+            f"unknown built-in template {name!r}{hint}; built in: {', '.join(BUILTIN_NAMES)}; "
+            "or pass Jinja text"
+        )
+    if source is None and not jinja:
+        detected = detect_builtin(text)
+        if detected is None:
+            raise TemplateError(
+                f"the supplied chat template is not supported: {_one_line(text)[:60]!r}; "
+                f"without --jinja only the built-in templates are ({', '.join(BUILTIN_NAMES)})"
+            )
+        source = builtin_template(detected)
+    if source is None:
+        source = text
+    try:
+        ChatTemplate(source, bos_token="", eos_token="").render(
+            [{"role": "user", "content": "test"}]
+        )
+    except TemplateError as exc:
+        raise TemplateError(f"the supplied chat template is not supported: {exc}") from None
+    return source
 
 
 class ChatTemplate:
