@@ -49,13 +49,14 @@ class BatchRowsError(RuntimeError):
 class RowSampling:
     """One request's sampling state inside a `BatchSampler` (its plan and random key)."""
 
-    __slots__ = ("greedy", "group", "key", "params", "plan")
+    __slots__ = ("greedy", "group", "key", "last", "params", "plan")
 
     def __init__(self, params: SamplingParams, vocab_size: int) -> None:
         self.params = params
         self.greedy = params.temperature <= 0
         self.plan = _Plan.from_params(params)
         self.key: mx.array | None = None if self.greedy else _initial_key(params.seed)
+        self.last: tuple[mx.array, mx.array, int] | None = None  # (tokens, logprobs, row)
         plan = self.plan
         if self.greedy:
             self.group: tuple[str, int] = ("greedy", 0)
@@ -145,7 +146,7 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
         if not group.xtc_always:
             apply = _uniform1(split[:, 1]) < group.xtc_probability
         vals = mask_xtc(vals, group.xtc_threshold, apply)  # type: ignore[arg-type]
-    vals = vals * group.inv_temperature
+    vals = vals * group.inv_temperature  # type: ignore[operator]
     if group.p_less is not None:
         vals = mx.where(group.p_less, mask_p_less(vals), vals)
     choice = _choice(vals, split[:, 2])
@@ -200,10 +201,22 @@ class BatchSampler:
             self._rows, self._groups = rows, _plan_groups(rows)
         groups = self._groups
         if len(groups) == 1:
-            return _sample_group(groups[0], logprobs)
-        parts = [_sample_group(g, logprobs).astype(mx.uint32) for g in groups]
-        order = [i for g in groups for i in g.rows]
-        inverse = [0] * len(order)
-        for j, i in enumerate(order):
-            inverse[i] = j
-        return mx.take(mx.concatenate(parts), mx.array(inverse, dtype=mx.int32))
+            tokens = _sample_group(groups[0], logprobs)
+        else:
+            parts = [_sample_group(g, logprobs).astype(mx.uint32) for g in groups]
+            order = [i for g in groups for i in g.rows]
+            inverse = [0] * len(order)
+            for j, i in enumerate(order):
+                inverse[i] = j
+            tokens = mx.take(mx.concatenate(parts), mx.array(inverse, dtype=mx.int32))
+        for i, row in enumerate(rows):
+            row.last = (tokens, logprobs, i)
+        return tokens
+
+    @staticmethod
+    def last_choice(row: RowSampling) -> tuple[mx.array, mx.array] | None:
+        """The token (a lazy scalar) and log-probability row `row` last got, if any."""
+        if row.last is None:
+            return None
+        tokens, logprobs, i = row.last
+        return tokens[i], logprobs[i]

@@ -10,6 +10,11 @@ Speculative decoding (`speculation=`): while exactly one sequence holds a slot a
 greedy with no logits processor, it leaves the generator for a solo lane that drafts tokens
 (prompt lookup or a draft model) and verifies them in one forward per round
 (`mlxcel.engine.text.speculative.lane`); with two or more sequences, all decode batched.
+
+Sampling is batched too: every sequence in the generator shares one `BatchSampler`, which
+applies each row's settings as per-row arrays in one graph per step (`BatchRows` tells it
+which row is whose). `batched_sampling=False` (or `MLXCEL_BATCHED_SAMPLING=0`) gives each
+request its own sampler closure instead, which mlx-lm then calls row by row.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -105,6 +111,7 @@ class _Job:
     finished: bool = False
     flush: Callable[[], None] | None = None  # the sink's `flush`, if it has one
     sampler: Any = None
+    row: Any = None  # sampling.batched.RowSampling when the engine samples batched
     spec: Any = None  # speculative.lane.SequenceSpeculation when the request may speculate
 
 
@@ -124,6 +131,7 @@ class TextEngine:
         max_queue_depth: int = 64,
         prompt_cache: Any = None,
         speculation: SpeculationConfig | None = None,
+        batched_sampling: bool | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
@@ -147,7 +155,6 @@ class TextEngine:
         self._thread: threading.Thread | None = None
         self._eos_stops: Any = None
         self._no_stops: Any = None
-        self._seen: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
         self._to_flush: set[Callable[[], None]] = set()  # engine thread only
         self._spec: Any = None  # speculative.lane.Speculator
         if speculation is not None:
@@ -157,6 +164,11 @@ class TextEngine:
         self._lane: Any = None  # the SoloLane running `_lane_job` (engine thread only)
         self._lane_job: _Job | None = None
         self._solo_mark: tuple[int, int, float] | None = None  # (uid, n_generated, time)
+        if batched_sampling is None:
+            batched_sampling = os.environ.get("MLXCEL_BATCHED_SAMPLING", "1") != "0"
+        self.batched_sampling = batched_sampling
+        self._batch_sampler: Any = None  # sampling.batched.BatchSampler (engine thread only)
+        self._rows: Any = None  # batch_rows.BatchRows for the current generator
 
     # ---------------------------------------------------------------- public API
 
@@ -310,7 +322,13 @@ class TextEngine:
         eos = sorted(self.tokenizer.eos_token_ids)
         self._eos_stops = StopSequences([[t] for t in eos] if eos else None)
         self._no_stops = StopSequences(None)
-        self._seen = (0, 0.0, 0.0, 0)
+        self._batch_sampler = self._rows = None
+        if self.batched_sampling:
+            from mlxcel.engine.sampling.batched import BatchSampler
+            from mlxcel.engine.text.batch_rows import BatchRows
+
+            self._batch_sampler = BatchSampler()
+            self._rows = BatchRows(self._batch_sampler)
         return BatchGenerator(
             self.loaded.model,
             completion_batch_size=self.n_slots,
@@ -344,6 +362,10 @@ class TextEngine:
         if request.thinking is not None:
             processors = [*processors, request.thinking.processor(self.tokenizer)]
         job.sampler = sampler
+        if self._rows is not None:
+            from mlxcel.engine.sampling.batched import RowSampling
+
+            job.row = RowSampling(request.sampling, self.tokenizer.vocab_size)
         if self._spec is not None and self._spec.eligible(request, processors):
             job.spec = self._spec.sequence()
             job.spec.history = list(prompt)
@@ -352,23 +374,42 @@ class TextEngine:
             max_tokens=[job.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(prompt[: job.cache_n])],
-            samplers=[sampler],
+            samplers=[self._batch_sampler if job.row is not None else sampler],
             logits_processors=[processors],
             stop_sequences=[self._no_stops if request.ignore_eos else self._eos_stops],
         )
         job.uid = uid
         self._by_uid[uid] = job
+        if job.row is not None:
+            self._rows.insert(uid, len(prompt) - job.cache_n, job.row)
         self.counters.sequences_started += 1
         self.counters.busy_slots_max = max(self.counters.busy_slots_max, len(self._running))
 
     def _step(self, generator: Any) -> None:
-        prompt_responses, responses = generator.next()
+        rows = self._rows
+        if rows is not None:
+            rows.before_step()
+        with generator.stats() as stats:
+            prompt_responses, responses = generator.next()
+        if rows is not None:
+            from mlxcel.engine.sampling.batched import BatchRowsError
+
+            try:
+                rows.after_step(prompt_responses, responses)
+            except BatchRowsError:
+                log.error(
+                    "mlx-lm's BatchGenerator no longer orders its rows as mlxcel expects "
+                    "(mlx-lm %s); sampling per request from now on",
+                    _mlx_lm_version(),
+                )
+                self.batched_sampling = False
+                raise
         now = time.perf_counter()
         for p in prompt_responses:
             job = self._by_uid.get(p.uid)
             if job is not None and p.end_of_prompt:
                 job.prefilled = True
-        self._count_step(generator, len(responses), bool(prompt_responses))
+        self._count_step(stats, len(responses), bool(prompt_responses))
         for r in responses:
             job = self._by_uid.get(r.uid)
             if job is None or job.finished:
@@ -397,7 +438,10 @@ class TextEngine:
                 return False
             self._solo_mark = None
             del self._by_uid[job.uid]
-            lane = self._spec.enter(generator, job.uid, seq, job.sampler)
+            pending = self._rows.last_choice(job.uid) if self._rows is not None else None
+            lane = self._spec.enter(generator, job.uid, seq, job.sampler, pending)
+            if self._rows is not None:
+                self._rows.remove(job.uid)
             self._lane, self._lane_job = lane, job
         elif len(self._running) > 1 or not lane.plan(job.max_tokens - job.n_generated):
             self._leave_lane(generator)
@@ -448,23 +492,22 @@ class TextEngine:
             generator,
             n_generated=job.n_generated,
             max_tokens=job.max_tokens - job.n_generated,
-            sampler=job.sampler,
+            sampler=self._batch_sampler if job.row is not None else job.sampler,
             stop_sequences=self._no_stops if request.ignore_eos else self._eos_stops,
         )
         self._by_uid[job.uid] = job
+        if job.row is not None:
+            self._rows.insert(job.uid, 1, job.row)
 
-    def _count_step(self, generator: Any, n_decoded: int, prefilled: bool) -> None:
-        """Fold the generator's own counters (never decreasing) into ours."""
-        g = generator._counters
-        tokens, prompt_time, decode_time, steps = self._seen
+    def _count_step(self, stats: Any, n_decoded: int, prefilled: bool) -> None:
+        """Fold what the generator counted over one `next()` (its `BatchStats`) into ours."""
         c = self.counters
-        c.prefill_tokens_total += g.prompt_tokens - tokens
-        c.prompt_seconds_total += g.prompt_time - prompt_time
-        c.decode_seconds_total += g.decode_time - decode_time
-        c.decode_steps += g.generation_steps - steps
+        c.prefill_tokens_total += stats.prompt_tokens
+        c.prompt_seconds_total += stats.prompt_time
+        c.decode_seconds_total += stats.decode_time
+        c.decode_steps += stats.generation_steps
         c.prefill_chunks += int(prefilled)
         c.busy_slots_per_decode_total += n_decoded
-        self._seen = (g.prompt_tokens, g.prompt_time, g.decode_time, g.generation_steps)
 
     def _on_token(self, generator: Any, job: _Job, r: Any, now: float) -> None:
         if job.n_generated == 0:
@@ -515,6 +558,8 @@ class TextEngine:
             self._lane = self._lane_job = None
             self._store_prompt_cache(job, tokens, cache)
             return
+        if self._rows is not None:
+            self._rows.remove(job.uid)
         if not self._caching(job):
             generator.remove([job.uid])
             return
@@ -605,6 +650,8 @@ class TextEngine:
             timings.draft_n_accepted = spec.draft_n_accepted
             timings.draft_rounds = spec.draft_rounds
             timings.draft_kind = spec.kind
+        if self._rows is not None and job.uid >= 0:
+            self._rows.remove(job.uid)
         with self._cond:
             self._by_uid.pop(job.uid, None)
             if self._running.pop(job.request.request_id, None) is not None:
@@ -656,3 +703,12 @@ class TextEngine:
         self._pending.clear()
         for job in jobs:
             self._finish(job, "cancelled")
+
+
+def _mlx_lm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlx-lm")
+    except PackageNotFoundError:
+        return "unknown"

@@ -183,23 +183,6 @@ class SoloLane:
         return int(uid)
 
 
-def _peek_pending(generator: Any, uid: int) -> tuple[int, Any] | None:
-    """The token (and its log-probability row) the generator already chose for `uid`.
-
-    mlx-lm's `GenerationBatch` samples one step ahead; reading that choice saves a forward
-    when the sequence moves to the lane. This reads mlx-lm internals: on any surprise it
-    returns None and the lane recomputes the step instead.
-    """
-    try:
-        batch = generator._generation_batch
-        index = list(batch.uids).index(uid)
-        token = int(batch._next_tokens[index].item())
-        row = batch._next_logprobs[index]
-    except Exception:  # noqa: BLE001 - an mlx-lm layout we do not know
-        return None
-    return token, row
-
-
 def _plain_kv_cache(cache: list[Any]) -> bool:
     from mlx_lm.models.cache import KVCache
 
@@ -269,15 +252,28 @@ class Speculator:
         """Whether the policy would draft after the sequence's emitted tokens now."""
         return seq.policy.choose(seq.drafter.available(seq.history), budget) > 0
 
-    def enter(self, generator: Any, uid: int, seq: SequenceSpeculation, sampler: Any) -> SoloLane:
+    def enter(
+        self,
+        generator: Any,
+        uid: int,
+        seq: SequenceSpeculation,
+        sampler: Any,
+        pending: tuple[Any, Any] | None = None,
+    ) -> SoloLane:
         """Take sequence `uid` (decoding, one token emitted since it was inserted) out of
-        `generator` into a lane; the lane's first round emits the generator's pending token."""
-        pending = _peek_pending(generator, uid)
+        `generator` into a lane.
+
+        `pending`: the token (an `mx.array` scalar or an int) and log-probability row the
+        generator already sampled for `uid` (it samples one step ahead), when the caller
+        knows them; the lane's first round emits it. None: the lane trims that step off the
+        cache and recomputes it (one more forward).
+        """
         cache, tokens = generator.remove([uid], return_prompt_caches=True)[uid]
         history = list(tokens)
         if pending is None:  # recompute the step: the cache must not hold the last token
             for layer in cache:
                 layer.trim(1)
         else:
+            pending = (int(pending[0]), pending[1])
             history.append(pending[0])
         return SoloLane(self.model, list(cache), history, sampler, seq, pending)

@@ -1,0 +1,192 @@
+"""Batched sampling: one `BatchSampler` for the whole decode batch, per-row settings.
+
+What must hold: each row samples exactly what its own `make_sampler` closure would on the
+same log-probabilities (so seeded requests are reproducible whatever shares the batch, and
+greedy rows are their argmax), the engine samples a mixed batch in one call per step, and
+its output is the same with batched sampling on and off.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcel.engine.sampling.batched import BatchRowsError, BatchSampler, RowSampling
+from mlxcel.engine.sampling.params import SamplingParams
+from mlxcel.engine.sampling.samplers import make_sampler
+from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
+
+V = 96
+
+MIXED = (
+    SamplingParams(temperature=0.7, seed=1),  # defaults: top-k 40, top-p 0.95, min-p 0.05
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=1.3, seed=2, top_k=0, top_p=0.9),
+    SamplingParams(temperature=1.0, seed=3, top_k=0, top_p=1.0, min_p=0.0),
+    SamplingParams(
+        temperature=1.1, seed=4, top_k=10, min_p=0.0, xtc_probability=0.5, xtc_threshold=0.05
+    ),
+    SamplingParams(temperature=0.9, seed=5, top_p=0.5, p_less=True),
+    SamplingParams(temperature=1.5, seed=6, top_k=200),  # k >= vocabulary: off
+    SamplingParams(temperature=0.8, seed=7, xtc_probability=1.0, xtc_threshold=0.02),
+)
+
+
+def _logprobs(rng: np.random.Generator, rows: int) -> mx.array:
+    x = mx.array(rng.normal(scale=2.0, size=(rows, V)).astype(np.float32))
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def test_each_row_samples_as_its_own_closure() -> None:
+    closures = [make_sampler(p) for p in MIXED]
+    rows = [RowSampling(p, V) for p in MIXED]
+    sampler = BatchSampler()
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        lp = _logprobs(rng, len(MIXED))
+        alone = [int(c(lp[i : i + 1]).item()) for i, c in enumerate(closures)]
+        assert sampler.sample(rows, lp).tolist() == alone
+
+
+def test_a_seeded_row_draws_the_same_whatever_shares_the_batch() -> None:
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=42)
+    rng = np.random.default_rng(1)
+    steps = [_logprobs(rng, 1) for _ in range(30)]
+
+    def run(companions: tuple[SamplingParams, ...]) -> list[int]:
+        sampler = BatchSampler()
+        mine = RowSampling(params, V)
+        others = [RowSampling(p, V) for p in companions]
+        out = []
+        for i, lp in enumerate(steps):
+            # Companions come and go; the seeded row moves between batch positions.
+            present = others[: i % (len(others) + 1)]
+            batch = [*present, mine]
+            rows = mx.concatenate([_logprobs(rng, len(present)), lp]) if present else lp
+            tokens = sampler.sample(batch, rows)
+            out.append(int(tokens[-1].item()))
+        return out
+
+    alone = run(())
+    assert len(set(alone)) > 3  # it really samples
+    assert run(MIXED) == alone
+    assert run(MIXED[::-1]) == alone
+
+
+def test_greedy_rows_are_their_argmax() -> None:
+    rows = [RowSampling(p, V) for p in MIXED]
+    lp = _logprobs(np.random.default_rng(2), len(MIXED))
+    tokens = BatchSampler().sample(rows, lp)
+    assert tokens.dtype == mx.uint32 and tokens.shape == (len(MIXED),)
+    assert int(tokens[1].item()) == int(mx.argmax(lp[1]).item())
+    all_greedy = [RowSampling(SamplingParams(temperature=0.0), V) for _ in range(3)]
+    assert BatchSampler().sample(all_greedy, lp[:3]).tolist() == mx.argmax(lp[:3], -1).tolist()
+
+
+def test_the_sampler_refuses_a_batch_it_was_not_told_about() -> None:
+    sampler = BatchSampler()
+    rows = [RowSampling(p, V) for p in MIXED[:3]]
+    lp = _logprobs(np.random.default_rng(3), 3)
+    with pytest.raises(BatchRowsError, match="no rows queued"):
+        sampler(lp)
+    sampler.expect(rows[:2])
+    with pytest.raises(BatchRowsError, match="expected 2 rows and got 3"):
+        sampler(lp)
+    sampler.expect(rows)
+    assert sampler.pending == 1
+    assert sampler(lp).shape == (3,)
+    assert sampler.pending == 0
+    token, row = sampler.last_choice(rows[1])  # type: ignore[misc]
+    assert int(token.item()) == int(mx.argmax(lp[1]).item())
+    assert mx.array_equal(row, lp[1])
+
+
+# -- in the engine -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_llama_dir: Path) -> Any:
+    from mlxcel.engine.loading import load_model
+
+    return load_model(str(tiny_llama_dir))
+
+
+def _requests(loaded: Any) -> list[GenerationRequest]:
+    texts = ["the morning train", "a river to the sea", "count the boxes", "the garden"]
+    settings = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.6, seed=11),
+        SamplingParams(temperature=1.2, seed=12, top_k=5),
+        SamplingParams(temperature=1.0, seed=13, top_k=0, top_p=0.8),
+        SamplingParams(temperature=0.9, seed=14, repetition_penalty=1.3),  # a processor too
+        SamplingParams(temperature=0.0, seed=15),
+    ]
+    return [
+        GenerationRequest(
+            prompt_tokens=loaded.tokenizer.encode(texts[i % len(texts)] * (1 + i)),
+            max_tokens=12 + 3 * i,  # they finish at different steps
+            sampling=s,
+            ignore_eos=True,
+            cache_prompt=False,
+            request_id=f"r{i}",
+        )
+        for i, s in enumerate(settings)
+    ]
+
+
+def _run_together(loaded: Any, requests: list[GenerationRequest], **kw: Any) -> dict[str, Any]:
+    from mlxcel.engine.text.scheduler import TextEngine
+
+    engine = TextEngine(loaded, slots=4, context_per_slot=512, prefill_chunk=16, **kw)
+    sinks: dict[str, queue.SimpleQueue[GenerationEvent]] = {}
+    try:
+        for request in requests:  # six requests on four slots: some wait and join later
+            sinks[request.request_id] = queue.SimpleQueue()
+            engine.submit(copy.deepcopy(request), sinks[request.request_id].put)
+        out = {}
+        for request_id, sink in sinks.items():
+            tokens: list[int] = []
+            while not (event := sink.get(timeout=120)).finished:
+                tokens.extend(event.token_ids)
+            assert event.finish_reason == "length", event.error
+            out[request_id] = tokens
+        return out
+    finally:
+        engine.stop()
+
+
+def test_engine_output_is_the_same_batched_or_per_request(
+    tiny_loaded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = _requests(tiny_loaded)
+    sizes: list[int] = []
+    sample = BatchSampler.sample
+
+    def spy(self: BatchSampler, rows: Any, logprobs: mx.array) -> mx.array:
+        sizes.append(len(rows))
+        return sample(self, rows, logprobs)
+
+    monkeypatch.setattr(BatchSampler, "sample", spy)
+    batched = _run_together(tiny_loaded, requests, batched_sampling=True)
+    assert max(sizes) == 4  # a mixed batch of four sampled in one call
+    calls = len(sizes)
+    per_request = _run_together(tiny_loaded, requests, batched_sampling=False)
+    assert len(sizes) == calls  # the per-request path never used the batch sampler
+    assert batched == per_request
+    for request in requests:
+        assert len(batched[request.request_id]) == request.max_tokens
+
+
+def test_a_request_alone_matches_its_batched_run(tiny_loaded: Any) -> None:
+    requests = _requests(tiny_loaded)
+    together = _run_together(tiny_loaded, requests)
+    for request in (requests[0], requests[1], requests[5]):  # greedy, seeded, greedy
+        alone = _run_together(tiny_loaded, [replace(request)])
+        assert alone[request.request_id] == together[request.request_id]
