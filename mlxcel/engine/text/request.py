@@ -49,6 +49,7 @@ class GenerationRequest:
     grammar: Any = None  # a compiled grammar (mlxcel.engine.grammar.CompiledGrammar) or None
     thinking: Any = None  # a thinking budget (mlxcel.engine.text.thinking_budget) or None
     skip_special: bool = True  # False: special tokens' text is decoded (output parsers)
+    media: Any = None  # a vision prompt (mlxcel.engine.vision.VisionPrompt) or None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 
