@@ -210,9 +210,33 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
 
 def test_truncated_gguf(tiny_gguf: Path, tmp_path: Path) -> None:
     path = tmp_path / "cut.gguf"
-    path.write_bytes(tiny_gguf.read_bytes()[:5000])
-    with pytest.raises(ValueError, match="corrupt or truncated"):
+    path.write_bytes(tiny_gguf.read_bytes()[:300])
+    with pytest.raises(ValueError, match=r"truncated or corrupt GGUF: the header is cut off"):
         load_gguf(path)
+
+
+def test_gguf_cut_in_its_tensor_data_names_what_is_missing(tiny_gguf: Path, tmp_path: Path) -> None:
+    """`head -c N model.gguf > t.gguf`: the header is whole, the tensor data is not."""
+    import subprocess
+    import sys
+
+    data = tiny_gguf.read_bytes()
+    path = tmp_path / "half.gguf"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError) as excinfo:
+        load_gguf(path)
+    message = str(excinfo.value)
+    assert message.startswith("truncated or corrupt GGUF: ")
+    assert f"has {len(data) // 2} bytes" in message and "tensors are cut off" in message
+    assert "reshape" not in message
+    for command in ("generate", "serve"):
+        args = [sys.executable, "-m", "mlxcel", command, "-m", str(path)]
+        args += ["hi"] if command == "generate" else ["--port", "0"]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith("mlxcel: error: ") and "half.gguf" in line
+        assert line.count("half.gguf") == 1 and "truncated or corrupt GGUF" in line
 
 
 def test_unsupported_architecture(tmp_path: Path) -> None:

@@ -178,6 +178,8 @@ def check_model_reference(settings: Settings) -> None:
             raise ModelLoadError(f"{ref}: not a GGUF file or a model directory")
         try:
             read_gguf_header(path)
+        except ValueError as exc:  # says "truncated or corrupt GGUF" and what is missing
+            raise ModelLoadError(f"{ref}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any parse failure means a damaged file
             raise ModelLoadError(f"{ref}: truncated or corrupt GGUF header ({exc})") from None
     elif path.is_dir():

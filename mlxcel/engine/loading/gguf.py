@@ -224,10 +224,10 @@ def read_gguf_header(path: Path | str) -> GGUFHeader:
             return array
 
         if mm[:4] != b"GGUF":
-            raise ValueError(f"{path.name}: not a GGUF file")
+            raise ValueError("not a GGUF file")
         version = struct.unpack_from("<I", mm, 4)[0]
         if version not in (2, 3):
-            raise ValueError(f"{path.name}: unsupported GGUF version {version}")
+            raise ValueError(f"unsupported GGUF version {version}")
         pos = 8
         try:
             n_tensors, n_kv = take("<Q"), take("<Q")
@@ -241,11 +241,37 @@ def read_gguf_header(path: Path | str) -> GGUFHeader:
                 dims = [take("<Q") for _ in range(take("<I"))]
                 infos.append((name, tuple(reversed(dims)), take("<I"), take("<Q")))
         except (struct.error, ValueError, KeyError) as exc:
-            raise ValueError(f"{path.name}: corrupt or truncated GGUF header ({exc})") from exc
+            where = "cut off" if isinstance(exc, struct.error) else f"malformed ({exc})"
+            raise ValueError(
+                f"truncated or corrupt GGUF: the header is {where} at byte {pos} of {len(mm)}"
+            ) from exc
         alignment = int(metadata.get("general.alignment", 32))
         data_start = -(-pos // alignment) * alignment
+        size = len(mm)
     tensors = [TensorInfo(n, s, t, data_start + o) for n, s, t, o in infos]
+    _check_complete(tensors, size)
     return GGUFHeader(metadata=metadata, tensors=tensors)
+
+
+def _check_complete(tensors: list[TensorInfo], size: int) -> None:
+    """ValueError naming what is missing when tensor data lies past the end of the file."""
+    missing = []
+    for info in tensors:
+        try:
+            end = info.offset + info.nbytes
+        except (KeyError, ValueError):  # an unknown ggml type: its size cannot be told
+            continue
+        if end > size:
+            missing.append((info, end))
+    if not missing:
+        return
+    need = max(end for _info, end in missing)
+    first = missing[0][0].name
+    raise ValueError(
+        f"truncated or corrupt GGUF: the file has {size} bytes but its tensor data needs "
+        f"{need}; {len(missing)} of {len(tensors)} tensors are cut off or missing "
+        f"(first: {first})"
+    )
 
 
 def load_converted(directory: Path) -> GGUFModel:
@@ -280,7 +306,7 @@ def load_converted(directory: Path) -> GGUFModel:
 def _check_magic(path: Path) -> None:
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
-            raise ValueError(f"{path.name}: not a GGUF file")
+            raise ValueError("not a GGUF file")
 
 
 def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]]:
@@ -294,7 +320,7 @@ def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]
         )
     tensors = {t.name: t for t in header.tensors}
     if "token_embd.weight" not in tensors:
-        raise ValueError(f"{path.name}: no token_embd.weight tensor")
+        raise ValueError("no token_embd.weight tensor")
     config = _hf_config(architecture, metadata, tensors)
     weights, rope_factors = _convert_weights(path, header, config, keep_float=keep_float)
     bits = Counter(_bits(weights, key) for key in weights if key.endswith(".scales"))
