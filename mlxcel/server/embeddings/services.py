@@ -162,7 +162,7 @@ def build_services(settings: Settings) -> EmbeddingServices:
         else:
             reranker = load_reranker(rr_ref, dtype=dtype, max_length=cap, store_dir=store)
 
-    shared = reranker is not None and getattr(reranker, "embedder", None) is embedder
+    shared = embedder is not None and getattr(reranker, "embedder", None) is embedder
     if embedder is not None:
         worker = EmbeddingWorker(
             embedder=embedder, reranker=reranker if shared else None, **options
