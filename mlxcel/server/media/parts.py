@@ -1,0 +1,128 @@
+"""Media content parts of chat messages → decoded inputs plus template placeholders.
+
+Every API family reaches the engine as OpenAI-style chat messages (Responses `input_image`
+and Anthropic `image` blocks, tool results included, are converted to `image_url` parts before
+this), so this one pass serves them all: each media part is fetched under the policy, decoded,
+and replaced by the bare `{"type": "image"|"video"|"audio"}` part that chat templates place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlxcel.engine.vision.inputs import VisionInputs
+from mlxcel.server.media.audio import decode_wav
+from mlxcel.server.media.errors import MediaError
+from mlxcel.server.media.images import decode_image
+from mlxcel.server.media.policy import MediaPolicy
+from mlxcel.server.media.sources import load_media
+from mlxcel.server.media.video import sample_frames
+
+_KINDS = {
+    "image_url": "image",
+    "input_image": "image",
+    "video_url": "video",
+    "input_audio": "audio",
+}
+
+
+@dataclass(frozen=True)
+class ModelMedia:
+    """What the loaded model takes: its modalities and how it reads video."""
+
+    modalities: frozenset[str]
+    native_video: bool = False
+    video_with_audio: bool = False
+    video_max_frames: int = 8
+
+
+def has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether any message has a media content part."""
+    return any(
+        isinstance(part, Mapping) and part.get("type") in _KINDS
+        for message in messages
+        if isinstance(message, Mapping) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
+
+
+async def collect_media(
+    messages: Sequence[Mapping[str, Any]], policy: MediaPolicy, model: ModelMedia
+) -> tuple[list[dict[str, Any]], VisionInputs]:
+    """(messages with placeholder parts, the decoded media) — MediaError (a 400) if refused."""
+    inputs = VisionInputs()
+    seen: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            out.append(dict(message))
+            continue
+        parts: list[Any] = []
+        for j, part in enumerate(content):
+            kind = _KINDS.get(str(part.get("type"))) if isinstance(part, Mapping) else None
+            if kind is None:
+                parts.append(part)
+                continue
+            where = f"messages[{index}].content[{j}]"
+            if kind not in model.modalities:
+                raise MediaError(f"{where}: this model does not accept {kind} inputs")
+            seen.add(kind)
+            if {"video", "audio"} <= seen and not model.video_with_audio:
+                raise MediaError("Combined video and audio inputs are not supported")
+            parts.extend(await _load_part(where, kind, part, policy, model, inputs))
+        out.append({**message, "content": parts})
+    return out, inputs
+
+
+async def _load_part(
+    where: str,
+    kind: str,
+    part: Mapping[str, Any],
+    policy: MediaPolicy,
+    model: ModelMedia,
+    inputs: VisionInputs,
+) -> list[dict[str, Any]]:
+    if kind == "image":
+        url = _url(where, part.get("image_url"))
+        blob = await load_media(url, "image", policy)
+        inputs.images.append(decode_image(blob.data, policy.max_image_pixels))
+        return [{"type": "image"}]
+    if kind == "video":
+        field = part.get("video_url")
+        url = _url(where, field)
+        fps = field.get("fps", 2.0) if isinstance(field, Mapping) else 2.0
+        if not isinstance(fps, (int, float)) or not 0 < fps <= 60:
+            raise MediaError(f"{where}: video_url.fps must be a number in (0, 60]")
+        blob = await load_media(url, "video", policy)
+        frames = sample_frames(
+            blob.data,
+            max_frames=model.video_max_frames,
+            fps=float(fps),
+            max_pixels=policy.max_image_pixels,
+        )
+        if model.native_video:
+            inputs.videos.append(frames)
+            return [{"type": "video"}]
+        inputs.images.extend(frames)
+        return [{"type": "image"} for _ in frames]
+    audio = part.get("input_audio")
+    if not isinstance(audio, Mapping) or not isinstance(audio.get("data"), str):
+        raise MediaError(f"{where}: input_audio needs a 'data' string")
+    fmt = audio.get("format", "wav")
+    if fmt != "wav":
+        raise MediaError(f"{where}: input_audio format must be 'wav'")
+    data = audio["data"]
+    url = data if data.startswith("data:") else f"data:audio/wav;base64,{data}"
+    blob = await load_media(url, "audio", policy)
+    inputs.audio.append(decode_wav(blob.data))
+    return [{"type": "audio"}]
+
+
+def _url(where: str, value: Any) -> str:
+    url = value.get("url") if isinstance(value, Mapping) else value
+    if not isinstance(url, str) or not url:
+        raise MediaError(f"{where}: the media part needs a 'url' string")
+    return url
