@@ -580,6 +580,9 @@ def test_worker_transcribes_like_the_engine(tiny_whisper: WhisperModel, speech: 
 def test_mlx_whisper_directory_loads_in_float32_on_cpu(tmp_path: Path) -> None:
     import mlx.core as mx
 
-    model = load_whisper(str(build_tiny_whisper(tmp_path / "w", seed=3)))
+    path = str(build_tiny_whisper(tmp_path / "w", seed=3))
+    model = load_whisper(path, forward="mlx")
     assert model.source == "mlx" and not model.fp16 and not model.multilingual
+    assert model.forward == "mlx"
     assert model.model.decoder.token_embedding.weight.dtype == mx.float32
+    assert load_whisper(path).forward == "numpy"  # the default on the CPU

