@@ -500,6 +500,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l usage
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l verbose
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l verbosity
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l version
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l video-max-frames
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l vision-gemma-12b-default
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l vision-gemma-4b-default
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l warmup

@@ -199,6 +199,7 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "tts_model": ("kokoro", "kokoro"),
     "audio_queue_depth": ("4", 4),
     "audio_timeout": ("30", 30.0),
+    "video_max_frames": ("4", 4),
     "responses_store_max_entries": ("0", 0),
     "responses_store_ttl_secs": ("5", 5),
     "conversation_store_max_entries": ("7", 7),

@@ -91,7 +91,10 @@ _SAMPLER = "this sampler is not implemented"
 _SAMPLER_TUNE = "tunes a sampler that is not implemented"
 _SPEC = "speculative-decoding presets are not supported"
 _SPEC_TUNE = "tunes speculative decoding, which is not supported yet"
-_MULTIMODAL = "multimodal projectors are not supported"
+_MULTIMODAL = (
+    "GGUF multimodal projectors are not supported (mlx-vlm cannot load them); "
+    "pass an MLX vision model directory with -m instead"
+)
 _TOOLS = "built-in server tools, MCP and agent mode are not supported"
 _ROUTER = "router mode (several models) is not supported"
 
@@ -737,6 +740,8 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
         sup("audio_queue_depth")),
     (_MLXCEL, "--audio-timeout SECONDS", "", "",
         sup("audio_timeout")),
+    (_MLXCEL, "--video-max-frames N", "", "",
+        sup("video_max_frames")),
 )
 # fmt: on
 

@@ -367,6 +367,14 @@ class Settings(BaseModel):
         env="MLXCEL_MEDIA_PATH",
         group="server",
     )
+    video_max_frames: int = _f(
+        8,
+        "Frames sampled from a video for vision models without a native video path",
+        env="MLXCEL_VIDEO_MAX_FRAMES",
+        group="server",
+        ge=1,
+        le=256,
+    )
     responses_store_max_entries: int = _f(
         1024,
         "Stored /v1/responses answers (0 = no storing)",
