@@ -18,7 +18,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from fixtures.tiny_encoders import build_tiny_bert, build_tiny_cross_encoder, write_bert_gguf
+from fixtures.tiny_encoders import (
+    build_tiny_bert,
+    build_tiny_cross_encoder,
+    build_tiny_xlm_roberta,
+    write_bert_gguf,
+)
 from server_harness import serve
 
 from mlxcel.engine.embeddings import load_embedder, load_reranker
@@ -46,6 +51,8 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gguf-bert")
     tiny = build_tiny_bert(root / "tiny")
     cross = build_tiny_cross_encoder(root / "cross")
+    xlmr = build_tiny_xlm_roberta(root / "xlmr")
+    xlmr_cross = build_tiny_xlm_roberta(root / "xlmr-cross", classifier=True)
     files = {
         "tiny-dir": tiny,
         "cross-dir": cross,
@@ -54,6 +61,10 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "cross": write_bert_gguf(cross, root / "cross.gguf"),
         "cross-pooler": write_bert_gguf(cross, root / "cross-pooler.gguf", keep_pooler=True),
         "jina": write_bert_gguf(tiny, root / "jina.gguf", arch="jina-bert-v2"),
+        "xlmr-dir": xlmr,
+        "xlmr-cross-dir": xlmr_cross,
+        "xlmr": write_bert_gguf(xlmr, root / "xlmr.gguf"),
+        "xlmr-cross": write_bert_gguf(xlmr_cross, root / "xlmr-cross.gguf"),
     }
     if MINILM is not None:
         for dtype in TOLERANCE:
@@ -128,6 +139,29 @@ def test_gguf_cross_encoder_scores_with_llama_cpp_heads(ggufs: dict[str, Path]) 
     pooled = load_reranker(str(ggufs["cross-pooler"]))
     np.testing.assert_allclose(
         pooled.rerank(QUERY, DOCS).scores, hf.rerank(QUERY, DOCS).scores, atol=1e-5
+    )
+
+
+def test_xlm_roberta_gguf_matches_its_directory(ggufs: dict[str, Path]) -> None:
+    """llama.cpp's XLM-RoBERTa form (bge-reranker): a `t5` Unigram vocabulary, the position
+    table cut to start at padding_idx + 1, a dense + tanh classification head."""
+    texts = ["the cat eats fish", "a man   and a woman"]  # words of the fixture's vocabulary
+    hf, native = load_embedder(str(ggufs["xlmr-dir"])), load_embedder(str(ggufs["xlmr"]))
+    assert native.max_length == hf.max_length == 32
+    assert _ids(native, texts) == _ids(hf, texts)
+    np.testing.assert_allclose(native.embed(texts).matrix(), hf.embed(texts).matrix(), atol=1e-5)
+    query, docs = "what does the dog like", ["the dog likes fish", "a red cat", "one two"]
+    hf_rr, native_rr = (
+        load_reranker(str(ggufs["xlmr-cross-dir"])),
+        load_reranker(str(ggufs["xlmr-cross"])),
+    )
+    plan = native_rr.prepare(query, docs)
+    assert [x.ids for x in plan.items] == [x.ids for x in hf_rr.prepare(query, docs).items]
+    pieces = native_rr.model.tokenizer._tok.encode(query, docs[0]).tokens  # type: ignore[attr-defined]
+    words = [f"\u2581{w}" for w in query.split()], [f"\u2581{w}" for w in docs[0].split()]
+    assert pieces == ["<s>", *words[0], "</s>", "</s>", *words[1], "</s>"]
+    np.testing.assert_allclose(
+        native_rr.rerank(query, docs).scores, hf_rr.rerank(query, docs).scores, atol=1e-5
     )
 
 

@@ -6,8 +6,10 @@ loses its `##`, and control tokens ([CLS], [SEP], ...) stay as written. Undoing 
 original WordPiece vocabulary, which is run with BERT's normalizer (lower case, accents
 stripped, CJK characters split) and pre-tokenizer, as llama.cpp's WPM tokenizer does.
 
-Other vocabularies (SentencePiece `t5`/`llama`, byte-level `gpt2`) go through the text
-loader's GGUF tokenizer builder; here only the special-token template is added.
+A `t5` vocabulary (the SentencePiece Unigram one llama.cpp writes for XLM-RoBERTa models such
+as bge-reranker) is rebuilt from its tokens and scores, normalized with the file's
+precompiled character map. Other vocabularies (`gpt2`: RoBERTa's byte-level BPE) go through
+the text loader's GGUF tokenizer builder.
 
 Sequences are `CLS A SEP` and, for a cross-encoder, `CLS A SEP B SEP` (with `EOS` after each
 part when the file asks for it), the second part typed 1 when the model has two token types.
@@ -125,6 +127,49 @@ def _template(metadata: Mapping[str, Any], tokens: list[str], wordpiece: bool, t
     )
 
 
+def _unigram_normalizer(metadata: Mapping[str, Any]) -> Any:
+    """llama.cpp's UGM normalization: the file's precompiled character map, then runs of
+    spaces collapsed (unless `remove_extra_whitespaces` is false)."""
+    from tokenizers import Regex, normalizers
+
+    steps: list[Any] = []
+    charsmap = metadata.get(_KEY + "precompiled_charsmap")
+    if charsmap is not None and len(charsmap):
+        steps.append(normalizers.Precompiled(bytes(bytearray(_plain(charsmap)))))
+    if _flag(metadata, "remove_extra_whitespaces", True):
+        steps.append(normalizers.Replace(Regex(" {2,}"), " "))
+    return normalizers.Sequence(steps)
+
+
+def _unigram_backend(
+    metadata: Mapping[str, Any], tokens: list[str], types: list[int], name: str
+) -> Any:
+    """A SentencePiece Unigram tokenizer (llama.cpp's UGM) from tokens and scores."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import Unigram
+
+    scores = metadata.get(_KEY + "scores")
+    if scores is None or len(scores) != len(tokens):
+        raise ModelLoadError(f"{name}: the Unigram vocabulary has no score for every token")
+    unk = _token_id(metadata, "unknown_token_id")
+    if unk is None:
+        unk = next((i for i, kind in enumerate(types) if kind == 2), None)  # UNKNOWN
+    pairs = [(t, float(x)) for t, x in zip(tokens, _plain(scores), strict=True)]
+    backend = Tokenizer(Unigram(pairs, unk_id=unk, byte_fallback=False))
+    backend.normalizer = _unigram_normalizer(metadata)
+    scheme = "always" if _flag(metadata, "add_space_prefix", True) else "never"
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=scheme),
+        ]
+    )
+    backend.decoder = decoders.Metaspace(replacement=PHANTOM_SPACE, prepend_scheme=scheme)
+    controls = [t for t, kind in zip(tokens, types, strict=False) if kind == CONTROL]
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in controls])
+    return backend
+
+
 def gguf_encoder_tokenizer(metadata: Mapping[str, Any], *, name: str, typed: bool) -> Any:
     """A `tokenizers.Tokenizer` for the vocabulary a GGUF encoder file describes.
 
@@ -138,7 +183,8 @@ def gguf_encoder_tokenizer(metadata: Mapping[str, Any], *, name: str, typed: boo
     types = [int(t) for t in _plain(raw_types)] if raw_types is not None else []
     if model == "bert":
         backend = _wordpiece_backend(metadata, tokens, types, name)
-        wordpiece = True
+    elif model == "t5":
+        backend = _unigram_backend(metadata, tokens, types, name)
     else:
         from mlxcel.engine.loading.gguf_tokenizer import build_gguf_tokenizer
 
@@ -148,6 +194,5 @@ def gguf_encoder_tokenizer(metadata: Mapping[str, Any], *, name: str, typed: boo
             raise ModelLoadError(
                 f"{name}: cannot rebuild the GGUF tokenizer {model!r} ({exc})"
             ) from exc
-        wordpiece = False
-    backend.post_processor = _template(metadata, tokens, wordpiece, typed)
+    backend.post_processor = _template(metadata, tokens, model == "bert", typed)
     return backend
