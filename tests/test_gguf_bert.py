@@ -215,6 +215,17 @@ def test_embed_cli_reads_a_gguf_model(ggufs: dict[str, Path]) -> None:
     assert bad.stderr.strip().count("\n") == 0 and "jina-bert-v2" in bad.stderr
 
 
+def test_rerank_cli_reads_a_gguf_cross_encoder(ggufs: dict[str, Path]) -> None:
+    out = _cli("rerank", "-m", str(ggufs["cross-pooler"]), "-q", QUERY, "--json", *DOCS)
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    assert (body["model"], body["kind"]) == ("cross-pooler.gguf", "cross-encoder")
+    expected = load_reranker(str(ggufs["cross-dir"])).rerank(QUERY, DOCS)
+    assert [r["index"] for r in body["results"]] == expected.ranking()
+    for r in body["results"]:
+        assert r["score"] == pytest.approx(expected.scores[r["index"]], abs=1e-5)
+
+
 # --------------------------------------------------------------------------- server
 
 
