@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -40,17 +41,61 @@ def _weights(n: int, k: int, bits: int, group: int, seed: int = 0) -> tuple[mx.a
     return packed, scales, biases, dense
 
 
+@pytest.fixture
+def float_activations(kernels: ModuleType) -> Iterator[ModuleType]:
+    """The kernel with its int8 activations path off (restored afterwards)."""
+    kernels.set_int8(False)
+    yield kernels
+    kernels.set_int8(build.int8_enabled())
+
+
+def _rounded_x(x: np.ndarray) -> np.ndarray:
+    """x as the int8 path sees it: each 32-value block rounded to int8 steps of max|x|/127
+    (float32 arithmetic, round half to even, as the kernel does)."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127.0) / np.maximum(amax, 1e-30), 0).astype(np.float32)
+    q = np.rint(blocks * inv)
+    return (q * (amax / np.float32(127.0))).reshape(x.shape)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 3, 8, 17])
 def test_kernel_matches_dequantized_matmul(
-    kernels: ModuleType, bits: int, group: int, rows: int
+    float_activations: ModuleType, bits: int, group: int, rows: int
 ) -> None:
+    kernels = float_activations
     packed, scales, biases, dense = _weights(70, 256, bits, group, seed=rows)
     x = mx.array(np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32))
     got = kernels.quantized_matmul(x, packed, scales, biases, group, bits)
     assert got.shape == (rows, 70) and got.dtype == mx.float32
     np.testing.assert_allclose(np.array(got), np.array(x @ dense.T), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("group", "rows", "k"),
+    [(32, 1, 576), (64, 2, 448), (32, 5, 1536), (64, 17, 256), (128, 1, 640), (128, 4, 384)],
+)
+def test_int8_path_is_the_exact_product_of_rounded_x(
+    kernels: ModuleType, group: int, rows: int, k: int
+) -> None:
+    """With integer dot products (AVX-512 VNNI) 4-bit matmuls round x to int8 per 32 values
+    (as llama.cpp does): the result is x-rounded @ w to float32 accuracy, and within 1% (rms)
+    of the float32 product. K = 448 and 576 end in a partial 128-value step."""
+    if not kernels.int8_simd:
+        pytest.skip("this CPU has no AVX-512 VNNI: 4-bit matmuls keep float32 activations")
+    kernels.set_int8(True)
+    packed, scales, biases, dense = _weights(130, k, 4, group, seed=k + rows)
+    x = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32)
+    got = np.array(kernels.quantized_matmul(mx.array(x), packed, scales, biases, group, 4))
+    w = np.array(dense, dtype=np.float64)
+    exact = _rounded_x(x).astype(np.float64) @ w.T
+    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
+    full = x.astype(np.float64) @ w.T
+    rms = np.sqrt(((got - full) ** 2).mean() / (full**2).mean())
+    assert 1e-4 < rms < 1e-2  # rounded (not the float path), and close
+    kernels.set_int8(build.int8_enabled())
 
 
 def test_rows_are_computed_independently_bit_for_bit(kernels: ModuleType) -> None:
@@ -111,7 +156,12 @@ def test_auto_policy_runs_quantized_layers_on_the_kernel(
     for ids in (tokens[:1], (tokens * 4)[: KERNEL_MAX_ROWS + 5]):
         a = np.array(auto.model(mx.array([ids])))
         b = np.array(widened.model(mx.array([ids])))
-        np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)
+        if quant == "Q4_1" and kernels.int8() and len(ids) <= KERNEL_MAX_ROWS:
+            # decode on the int8 path: x rounded to 8 bits at every layer
+            rms = np.sqrt(((a - b) ** 2).mean() / (b**2).mean())
+            assert rms < 2e-2
+        else:
+            np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)
 
 
 def test_tied_head_uses_the_kernel_and_decode_matches_batch(
@@ -194,7 +244,8 @@ def test_bench_reports_the_kernel(kernels: ModuleType, tiny_q4_gguf: Path) -> No
     assert result.exit_code == 0, result.output
     model = json.loads(result.stdout)["model"]
     assert "mlxcel CPU kernel" in model["quantization"]
-    assert model["cpu_kernels"] == f"mlxcel CPU kernels ({kernels.simd}, 2 threads)"
+    int8 = f", int8 {kernels.int8_simd}" if kernels.int8() else ""
+    assert model["cpu_kernels"] == f"mlxcel CPU kernels ({kernels.simd}{int8}, 2 threads)"
 
 
 def test_served_batch_equals_each_request_alone(kernels: ModuleType, tiny_q4_gguf: Path) -> None:
@@ -301,9 +352,11 @@ def test_fallback_instruction_sets(kernels: ModuleType, cflags: str, simd: str) 
     assert done.stdout.strip() == simd
 
 
-def test_linear_layer_with_bias_and_group_64(kernels: ModuleType) -> None:
+def test_linear_layer_with_bias_and_group_64(float_activations: ModuleType) -> None:
     """An MLX-style 4-bit layer (group 64, with a bias, as Qwen2's q/k/v projections)."""
     from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
+
+    kernels = float_activations
 
     rng = np.random.default_rng(5)
     model = nn.Sequential(nn.Linear(128, 96, bias=True))

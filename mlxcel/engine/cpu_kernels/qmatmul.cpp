@@ -13,6 +13,7 @@
 #include <nanobind/nanobind.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -163,7 +164,14 @@ class RowPool {
 struct Prepared {
   std::vector<float> xs;    // [M, K] x reordered per 32-block: 16 even entries, 16 odd
   std::vector<float> xsum;  // [M, K / group_size] sums of x over each group
+  // The int8 path (4-bit weights): x quantized per 32-block, in chunks of 4 blocks.
+  std::vector<int8_t> xq;   // [M, chunks * 128]: the chunk's 4x16 even entries, then odd
+  std::vector<float> dx;    // [M, chunks * 16]: each block's scale, repeated 4 times
+  std::vector<float> qsum;  // [M, chunks * 16]: a quarter of each block's rounded-x sum, x4
 };
+
+// Whether 4-bit matmuls quantize x to int8 and use integer dot products (set_int8).
+std::atomic<bool> g_int8{true};
 
 // Fills `p` (a per-thread buffer: resizing keeps its capacity, so a decode step allocates
 // nothing here).
@@ -346,6 +354,170 @@ void rows_kernel(
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// The int8 path for 4-bit weights (AVX-512 VNNI), as llama.cpp does with its Q8 activations:
+// each 32-value block of x is quantized to int8 with its own scale (max |x| / 127, round to
+// nearest), and a block's dot product with the weights' 4-bit values is an exact integer
+// sum (vpdpbusd: unsigned weight nibbles times signed x bytes), scaled once by
+// weight scale * x scale; the bias term uses the sums of the rounded x. The error against
+// float32 is that of rounding x to 8 bits (tests/test_cpu_kernels.py bounds it). Each row
+// is quantized and reduced on its own, so rows stay bit-identical alone or batched.
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MLXCEL_INT8 "avx512-vnni"
+
+inline int64_t int8_chunks(int64_t K) { return (K / 32 + 3) / 4; }
+
+void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_size) {
+  const int64_t chunks = int8_chunks(K);
+  const int64_t blocks = K / 32;
+  const int64_t groups = K / group_size;
+  p.xq.assign(static_cast<size_t>(M * chunks * 128), 0);
+  p.dx.assign(static_cast<size_t>(M * chunks * 16), 0.0f);
+  p.qsum.assign(static_cast<size_t>(M * chunks * 16), 0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    int8_t* q = p.xq.data() + m * chunks * 128;
+    float* d = p.dx.data() + m * chunks * 16;
+    float* qs = p.qsum.data() + m * chunks * 16;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = xr + b * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float scale = amax / 127.0f;
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int8_t* lo = q + (b / 4) * 128 + (b % 4) * 16;
+      int32_t qsum = 0;
+      for (int j = 0; j < 16; ++j) {
+        lo[j] = static_cast<int8_t>(std::lrintf(xb[2 * j] * inv));
+        lo[64 + j] = static_cast<int8_t>(std::lrintf(xb[2 * j + 1] * inv));
+        qsum += lo[j] + lo[64 + j];
+      }
+      // The bias term uses the sum of the rounded x too (as llama.cpp's Q8_1 does): the
+      // result is then exactly the dot product of the rounded x with the weights, whose
+      // error is (x - rounded x) . w, not (x - rounded x) . (scale * q), many times larger.
+      // Spread over the block's 4 lanes, it meets the group's bias in the same step.
+      const int64_t lane = (b / 4) * 16 + (b % 4) * 4;
+      for (int j = 0; j < 4; ++j) {
+        d[lane + j] = scale;
+        qs[lane + j] = 0.25f * scale * static_cast<float>(qsum);
+      }
+    }
+  }
+}
+
+// What every step of the int8 kernel shares: shapes and the lane-to-scale map.
+struct Int8Shape {
+  int64_t groups, row_bytes, blocks, chunks;
+  int per_group, scales_per_step;
+  __m512i index;
+
+  Int8Shape(int64_t K, int group_size)
+      : groups(K / group_size), row_bytes(K / 2), blocks(K / 32), chunks(int8_chunks(K)),
+        per_group(group_size / 32), scales_per_step(per_group >= 4 ? 1 : 4 / per_group) {
+    // Lane l of a step belongs to block l / 4, whose scale is entry (l / 4) / per_group.
+    alignas(64) int32_t lane_group[16];
+    for (int l = 0; l < 16; ++l) lane_group[l] = (l / 4) / per_group;
+    index = _mm512_load_si512(lane_group);
+  }
+};
+
+// MB rows of x (starting at m0) against the NR 4-bit weight rows from n, 4 blocks
+// (128 values, 64 weight bytes) per step. Several weight rows per pass share the loads of
+// x; each (x row, weight row) pair gets the same operations in the same order whatever
+// MB and NR are.
+template <int MB, int NR>
+inline void int8_tile(
+    const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
+    const Int8Shape& sh, int64_t m0, int64_t N, float* out, int64_t n) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const int64_t chunks = sh.chunks;
+  const int8_t* xq = p.xq.data() + m0 * chunks * 128;
+  const float* dx = p.dx.data() + m0 * chunks * 16;
+  const float* qsum = p.qsum.data() + m0 * chunks * 16;
+  __m512 total[NR][MB];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) total[r][m] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t in_step = std::min<int64_t>(4, sh.blocks - 4 * c);
+    const __mmask64 wmask = in_step == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * in_step)) - 1;
+    const int64_t g0 = (4 * c) / sh.per_group;
+    const int64_t n_scales = std::min<int64_t>(sh.scales_per_step, sh.groups - g0);
+    const __mmask8 smask = static_cast<__mmask8>((1u << n_scales) - 1);
+    __m512i lo[NR], hi[NR];
+    __m512 s[NR], bias[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* wr = w + (n + r) * sh.row_bytes + 64 * c;
+      __m512i wq = _mm512_maskz_loadu_epi8(wmask, wr);
+      lo[r] = _mm512_and_si512(wq, nibble);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
+      const float* sr = scales + (n + r) * sh.groups + g0;
+      const float* br = biases + (n + r) * sh.groups + g0;
+      s[r] = _mm512_permutexvar_ps(sh.index,
+                                   _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, sr)));
+      bias[r] = _mm512_permutexvar_ps(sh.index,
+                                      _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, br)));
+    }
+    for (int m = 0; m < MB; ++m) {
+      const int8_t* xm = xq + m * chunks * 128 + c * 128;
+      const int64_t at = m * chunks * 16 + c * 16;
+      const __m512i xlo = _mm512_loadu_si512(xm);
+      const __m512i xhi = _mm512_loadu_si512(xm + 64);
+      const __m512 d = _mm512_loadu_ps(dx + at);
+      const __m512 q = _mm512_loadu_ps(qsum + at);
+      for (int r = 0; r < NR; ++r) {
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xlo);
+        dot = _mm512_dpbusd_epi32(dot, hi[r], xhi);
+        total[r][m] = _mm512_fmadd_ps(bias[r], q, total[r][m]);
+        total[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[r], d),
+                                      total[r][m]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) out[(m0 + m) * N + n + r] = _mm512_reduce_add_ps(total[r][m]);
+}
+
+template <int MB>
+void rows_int8(
+    const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
+    int64_t m0, int64_t K, int64_t N, int group_size, float* out, int64_t n_begin,
+    int64_t n_end) {
+  const Int8Shape sh(K, group_size);
+  constexpr int NR = MB == 1 ? 4 : (MB == 2 ? 2 : 1);
+  int64_t n = n_begin;
+  for (; n + NR <= n_end; n += NR) {
+    int8_tile<MB, NR>(w, scales, biases, p, sh, m0, N, out, n);
+  }
+  for (; n < n_end; ++n) int8_tile<MB, 1>(w, scales, biases, p, sh, m0, N, out, n);
+}
+
+void run_rows_int8(
+    const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
+    int64_t M, int64_t K, int64_t N, int group_size, float* out, int64_t n_begin,
+    int64_t n_end) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4) {
+    rows_int8<4>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+  }
+  switch (M - m0) {
+    case 3:
+      rows_int8<3>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      break;
+    case 2:
+      rows_int8<2>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      break;
+    case 1:
+      rows_int8<1>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      break;
+    default:
+      break;
+  }
+}
+#else
+#define MLXCEL_INT8 ""
+#endif
+
 template <int BITS>
 void run_rows(
     const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
@@ -377,8 +549,17 @@ void qmatmul(
   // pool's workers read.
   thread_local Prepared buffer;
   Prepared& p = buffer;
-  prepare(p, x, M, K, group_size, bits);
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  if (bits == 4 && g_int8.load(std::memory_order_relaxed)) {
+    prepare_int8(p, x, M, K, group_size);
+    RowPool::instance().run(N, M * N * K, [&](int64_t begin, int64_t end) {
+      run_rows_int8(wb, scales, biases, p, M, K, N, group_size, out, begin, end);
+    });
+    return;
+  }
+#endif
+  prepare(p, x, M, K, group_size, bits);
   RowPool::instance().run(N, M * N * K, [&](int64_t begin, int64_t end) {
     if (bits == 4) {
       run_rows<4>(wb, scales, biases, p, M, K, N, group_size, out, begin, end);
@@ -524,4 +705,9 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
         "Threads the kernel splits output rows across.");
   m.def("threads", [] { return RowPool::instance().threads(); });
   m.attr("simd") = MLXCEL_SIMD;
+  // "" when this CPU has no integer dot-product path; set_int8(False) turns it off.
+  m.attr("int8_simd") = MLXCEL_INT8;
+  m.def("set_int8", [](bool on) { g_int8.store(on); }, nb::arg("on"),
+        "Whether 4-bit matmuls quantize x to int8 and use integer dot products.");
+  m.def("int8", [] { return std::string(MLXCEL_INT8).size() > 0 && g_int8.load(); });
 }
