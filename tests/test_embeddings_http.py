@@ -155,7 +155,8 @@ def test_openai_truncation_flag_and_refusal(tiny_client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ({"input": ""}, "'input[0]' is an empty string"),
+        ({"input": ["a", []]}, "'input[1]' is an empty token list"),
+        ({"input": [[1, "a", None]]}, "must be a string or a list of token ids"),
         ({"input": []}, "'input' is empty"),
         ({}, "'input' is required"),
         ({"input": ["a", "b", "c", "d", "e"]}, "5 items; at most 4"),
@@ -195,13 +196,34 @@ def test_native_embd_normalize(client: TestClient) -> None:
 
 
 def test_native_errors_and_truncation(tiny_client: TestClient) -> None:
-    assert "empty" in _error(tiny_client.post("/embedding", json={"content": ""}), 400)["message"]
     assert "required" in _error(tiny_client.post("/embeddings", json={}), 400)["message"]
     long = "cat " * 40
-    cut = tiny_client.post("/embedding", json={"content": [long, "a cat"]}).json()
-    assert cut[0]["truncated"] is True and "truncated" not in cut[1]
-    refused = tiny_client.post("/embedding", json={"content": long, "truncate": False})
-    assert _error(refused, 400)["code"] == "context_length_exceeded"
+    # llama-server refuses an over-long input on its own routes ("too large")
+    refused = _error(tiny_client.post("/embedding", json={"content": long}), 400)
+    assert refused["code"] == "context_length_exceeded"
+    assert "too large" in refused["message"] and "42 tokens" in refused["message"]
+    cut = tiny_client.post("/embedding", json={"content": [long, "a cat"], "truncate": True})
+    assert cut.json()[0]["truncated"] is True and "truncated" not in cut.json()[1]
+
+
+def test_native_empty_and_mixed_prompts_as_llama_server(tiny_client: TestClient) -> None:
+    def vectors(content: object) -> list[np.ndarray]:
+        response = tiny_client.post("/embeddings", json={"content": content})
+        assert response.status_code == 200, response.text
+        return [np.array(item["embedding"][0]) for item in response.json()]
+
+    (empty,) = vectors("")  # [CLS] [SEP]: embedded, not refused
+    assert empty.shape == (16,) and np.isfinite(empty).all()
+    (text,) = vectors("a cat")
+    cls_id, sep_id = 2, 3  # the tiny BERT vocabulary's [CLS] and [SEP]
+    (mixed,) = vectors([cls_id, "a cat", sep_id])  # one prompt: ids with a text in place
+    np.testing.assert_allclose(mixed, text, atol=1e-6)
+    many = vectors([[cls_id, "a", sep_id], "a cat", [cls_id, 9, sep_id]])
+    assert len(many) == 3
+    np.testing.assert_allclose(many[1], text, atol=1e-6)
+    openai = tiny_client.post("/v1/embeddings", json={"input": [cls_id, "a cat", sep_id]})
+    assert len(openai.json()["data"]) == 1
+    np.testing.assert_allclose(openai.json()["data"][0]["embedding"], text, atol=1e-6)
 
 
 def test_pooling_none_on_native_and_openai(tmp_path: Path) -> None:

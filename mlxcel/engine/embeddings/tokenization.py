@@ -10,8 +10,9 @@ from typing import Any
 
 from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, ModelLoadError
 
-EmbeddingInput = str | Sequence[int]
-"""One input: a text, or token ids used as given."""
+EmbeddingInput = str | Sequence[int] | Sequence[int | str]
+"""One input: a text, token ids used as given, or a mix of both (llama-server's mixed
+prompts: each text piece becomes its tokens, without special tokens, in place)."""
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class TokenizedInput:
 def too_long(index: int, count: int, limit: int, what: str = "input") -> ContextLengthError:
     """The error for an input over the limit when truncation is off."""
     return ContextLengthError(
-        f"{what} {index} has {count} tokens, more than the model's limit of {limit}; "
-        "shorten it or allow truncation"
+        f"{what} {index} has {count} tokens, more than the model's limit of {limit}: "
+        "too large to process; shorten it or allow truncation"
     )
 
 
@@ -85,15 +86,15 @@ class TextTokenizer:
     def encode(
         self, inputs: Sequence[EmbeddingInput], *, max_length: int, truncate: bool
     ) -> list[TokenizedInput]:
-        """Tokenize texts (token-id lists pass through, checked) to at most `max_length` tokens."""
+        """Tokenize texts (token-id lists pass through, checked) to at most `max_length` tokens.
+
+        An empty text is the model's special tokens alone (llama-server embeds it too).
+        """
         texts = [(i, x) for i, x in enumerate(inputs) if isinstance(x, str)]
         out: list[TokenizedInput | None] = [None] * len(inputs)
         for i, x in enumerate(inputs):
-            if isinstance(x, str):
-                if not x:
-                    raise InvalidRequestError(f"input {i} is an empty string")
-            else:
-                out[i] = self._ids_input(i, x, max_length, truncate)
+            if not isinstance(x, str):
+                out[i] = self._ids_input(i, self._expand(x), max_length, truncate)
         if texts:
             encodings = self._encode_batch([t for _, t in texts], max_length)
             for (i, text), enc in zip(texts, encodings, strict=True):
@@ -133,6 +134,20 @@ class TextTokenizer:
                 return list(self._tok.encode_batch(items))
             finally:
                 self._tok.no_truncation()
+
+    def _expand(self, pieces: Sequence[int | str]) -> list[int]:
+        """Token ids of a mixed prompt: ids as given, texts tokenized without special tokens."""
+        texts = [p for p in pieces if isinstance(p, str)]
+        if not texts:
+            return list(pieces)  # type: ignore[arg-type]
+        tokenized = iter(self.plain_ids(texts))
+        ids: list[int] = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                ids.extend(next(tokenized))
+            else:
+                ids.append(piece)
+        return ids
 
     def _ids_input(
         self, index: int, ids: Sequence[int], max_length: int, truncate: bool

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mlxcel.server.errors import bad_request
 
-EmbeddingItem = str | list[int]
+EmbeddingItem = str | list[int] | list[int | str]
 
 
 class OpenAIEmbeddingRequest(BaseModel):
@@ -26,37 +26,53 @@ class OpenAIEmbeddingRequest(BaseModel):
 
 
 class NativeEmbeddingRequest(BaseModel):
-    """POST /embedding and /embeddings (llama-server): `content` or `input`."""
+    """POST /embedding and /embeddings (llama-server): `content` or `input`.
+
+    An input over the model's limit is refused as llama-server does, unless `truncate`.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     content: Any = None
     input: Any = None
     embd_normalize: int | None = Field(None, ge=-1)
-    truncate: bool = True
+    truncate: bool = False
 
     def items(self) -> Any:
         """`content`, else `input`."""
         return self.content if self.content is not None else self.input
 
 
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_token_list(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in value
+    return isinstance(value, list) and all(_is_token(x) for x in value)
+
+
+def _is_prompt_list(value: Any) -> bool:
+    """A list of token ids, possibly mixed with texts (llama-server's one-prompt form)."""
+    return (
+        isinstance(value, list)
+        and any(_is_token(x) for x in value)
+        and all(_is_token(x) or isinstance(x, str) for x in value)
     )
 
 
 def embedding_inputs(value: Any, *, field: str = "input", max_inputs: int) -> list[EmbeddingItem]:
     """A request's input as a list of texts and token-id lists (400 when malformed).
 
-    Accepts a string, a list of token ids (one input), or a list whose items are strings or
-    token-id lists. Empty input, empty strings and more than `max_inputs` items are refused.
+    As llama-server reads prompts: a string, or a list holding token ids (one input; texts
+    among the ids are tokenized in place, `[12, "text", 34]`), or a list whose items are
+    strings or such lists. An empty string is an input (the model's special tokens alone);
+    an empty list, an empty token list and more than `max_inputs` items are refused.
     """
     if value is None:
         raise bad_request(f"'{field}' is required")
     if isinstance(value, str):
         items: list[Any] = [value]
-    elif _is_token_list(value) and value:
+    elif _is_prompt_list(value):
         items = [value]
     elif isinstance(value, list):
         items = value
@@ -68,11 +84,11 @@ def embedding_inputs(value: Any, *, field: str = "input", max_inputs: int) -> li
         raise bad_request(f"'{field}' has {len(items)} items; at most {max_inputs} are allowed")
     for i, item in enumerate(items):
         if isinstance(item, str):
-            if not item:
-                raise bad_request(f"'{field}[{i}]' is an empty string")
-        elif _is_token_list(item):
-            if not item:
-                raise bad_request(f"'{field}[{i}]' is an empty token list")
-        else:
-            raise bad_request(f"'{field}[{i}]' must be a string or a list of token ids")
+            continue
+        if isinstance(item, list) and not item:
+            raise bad_request(f"'{field}[{i}]' is an empty token list")
+        if not _is_prompt_list(item):
+            raise bad_request(
+                f"'{field}[{i}]' must be a string or a list of token ids (texts may be mixed in)"
+            )
     return items
