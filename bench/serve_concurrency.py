@@ -11,8 +11,15 @@ tokens after each stream's first, over the span from the earliest first token to
 last one. Prints medians, ranges and the ratios against the targets: 8 clients >= 3.5x one
 client, and mlxcel >= 2.5x mlx_lm.server at 8 clients.
 
-    .venv/bin/python bench/serve_concurrency.py [-m MLX_DIR] [-n TOKENS] [-r REPS]
-        [-s mlxcel,mlx_lm,mlx_lm+blas] [--blas-threads N]
+`--mixed`: every client asks for its own temperature and seed (0, 0.5, 0.7, ... 1.3; the
+other settings at their defaults), the load batched sampling is for. The server
+`mlxcel-per-request` is `mlxcel serve` with `MLXCEL_BATCHED_SAMPLING=0` (each request its
+own sampler closure, called row by row: the path before batched sampling); with both in
+`-s`, the ratio batched / per-request is printed per client count.
+
+    .venv/bin/python bench/serve_concurrency.py [-m MLX_DIR] [-n TOKENS] [-r REPS] [--mixed]
+        [-s mlxcel,mlxcel-per-request,mlx_lm,mlx_lm+blas] [--route chat|completions]
+        [--blas-threads N]
 """
 
 from __future__ import annotations
@@ -43,24 +50,46 @@ from _common import (  # noqa: E402
     system_openblas,
 )
 
+from mlxcel.engine.blas import blas_in_use  # noqa: E402  (before anything imports MLX)
+
 TARGET_SCALING = 3.5
 TARGET_VS_MLX_LM = 2.5
+
+
+def _cpu_seconds(server: Server) -> float:
+    """The server process's CPU time so far (user + system, all threads; Linux /proc)."""
+    if server.proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class _BudgetSpent(Exception):
     """The run's time budget is spent."""
 
 
-def _bodies(n_clients: int, tokens: int, bias: dict[str, float]) -> list[dict[str, Any]]:
-    return [
-        {
-            "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-            "max_tokens": tokens,
-            "temperature": 0,
-            "logit_bias": bias,
-        }
-        for i in range(n_clients)
-    ]
+MIXED_TEMPERATURES = (0.0, 0.5, 0.7, 0.9, 1.1, 1.3, 0.6, 0.8)
+
+
+def _bodies(
+    n_clients: int, tokens: int, bias: dict[str, float], *, mixed: bool = False, route: str = "chat"
+) -> list[dict[str, Any]]:
+    bodies: list[dict[str, Any]] = []
+    for i in range(n_clients):
+        prompt = PROMPTS[i % len(PROMPTS)]
+        body: dict[str, Any] = (
+            {"messages": [{"role": "user", "content": prompt}]}
+            if route == "chat"
+            else {"prompt": prompt}
+        )
+        body.update(max_tokens=tokens, temperature=0, logit_bias=bias)
+        if mixed:
+            body.update(temperature=MIXED_TEMPERATURES[i % len(MIXED_TEMPERATURES)], seed=i)
+        bodies.append(body)
+    return bodies
 
 
 def main() -> None:
@@ -73,8 +102,13 @@ def main() -> None:
         "-s",
         "--servers",
         default="mlxcel,mlx_lm,mlx_lm+blas",
-        help="which servers: mlxcel, mlx_lm (stock wheel), mlx_lm+blas (LD_PRELOAD OpenBLAS)",
+        help="which servers: mlxcel, mlxcel-per-request (MLXCEL_BATCHED_SAMPLING=0), "
+        "mlx_lm (stock wheel), mlx_lm+blas (LD_PRELOAD OpenBLAS)",
     )
+    parser.add_argument(
+        "--mixed", action="store_true", help="a different temperature and seed per client"
+    )
+    parser.add_argument("--route", choices=("chat", "completions"), default="chat")
     parser.add_argument("--budget", type=float, default=900.0, help="stop after this many s")
     parser.add_argument(
         "--blas-threads",
@@ -87,6 +121,10 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     model = args.model or bench_model()
     print(f"model: {model} ({param_count(model) / 1e6:.1f}M params), {args.tokens} tokens/req")
+    sampling = (
+        "mixed temperatures " + ",".join(map(str, MIXED_TEMPERATURES)) if args.mixed else "greedy"
+    )
+    print(f"sampling: {sampling}; route: /v1/{'chat/' if args.route == 'chat' else ''}completions")
     bias = eos_bias(model)
     slots = max(levels)
     wanted = args.servers.split(",")
@@ -94,6 +132,10 @@ def main() -> None:
     servers: dict[str, Server] = {}
     if "mlxcel" in wanted:
         servers["mlxcel"] = mlxcel_server(model, "-np", str(slots), "-c", str(2048 * slots))
+    if "mlxcel-per-request" in wanted:
+        server = mlxcel_server(model, "-np", str(slots), "-c", str(2048 * slots))
+        server.env["MLXCEL_BATCHED_SAMPLING"] = "0"
+        servers["mlxcel-per-request"] = server
     if "mlx_lm" in wanted:
         servers["mlx_lm"] = mlx_lm_server(model)
     if "mlx_lm+blas" in wanted and blas:
@@ -103,28 +145,34 @@ def main() -> None:
         for server in servers.values():
             server.env["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
     print(
-        f"system OpenBLAS: {blas or 'none'} (mlxcel loads it itself; see MLXCEL_BLAS), "
-        f"OpenBLAS threads: {threads}"
+        f"mlxcel's BLAS: {blas_in_use()}; system OpenBLAS: {blas or 'none'} "
+        f"(for mlx_lm+blas); OpenBLAS threads: {threads}"
     )
     deadline = time.monotonic() + args.budget
     rates: dict[tuple[str, int], list[float]] = {(s, n): [] for s in servers for n in levels}
+    per_cpu: dict[tuple[str, int], list[float]] = {(s, n): [] for s in servers for n in levels}
     try:
         for server in servers.values():
             server.start()
-            asyncio.run(concurrent_round(server.url, _bodies(slots, 4, bias)))  # warm-up
+            warm = _bodies(slots, 4, bias, mixed=args.mixed, route=args.route)
+            asyncio.run(concurrent_round(server.url, warm, route=args.route))  # warm-up
         for rep in range(args.reps):
             for n in levels:
                 for name, server in servers.items():
                     if time.monotonic() > deadline:
                         raise _BudgetSpent
-                    results = asyncio.run(
-                        concurrent_round(server.url, _bodies(n, args.tokens, bias))
-                    )
+                    bodies = _bodies(n, args.tokens, bias, mixed=args.mixed, route=args.route)
+                    cpu = _cpu_seconds(server)
+                    results = asyncio.run(concurrent_round(server.url, bodies, route=args.route))
+                    cpu = _cpu_seconds(server) - cpu
                     rate = aggregate_decode_rate(results)
                     rates[(name, n)].append(rate)
+                    if cpu > 0:
+                        per_cpu[(name, n)].append(sum(r.tokens for r in results) / cpu)
                     tokens = sorted({r.tokens for r in results})
                     print(
-                        f"rep {rep + 1} {name:7} {n} clients: {rate:7.1f} tok/s "
+                        f"rep {rep + 1} {name:7} {n} clients: {rate:7.1f} tok/s, "
+                        f"{per_cpu[(name, n)][-1] if cpu > 0 else 0:6.1f} tok/CPU-s "
                         f"(tokens/req {tokens}, {load_note()})",
                         flush=True,
                     )
@@ -144,12 +192,26 @@ def main() -> None:
             f"{spread(rates[(name, n)]) if rates[(name, n)] else '-':>13}" for n in levels
         )
         print(f"{name + ' (range)':28}{cells}")
+    print(f"{'tokens per server CPU-second':28}" + "".join(f"{n:>10} cl" for n in levels))
+    cpu_med = {key: median(values) for key, values in per_cpu.items() if values}
+    for name in servers:
+        cells = "".join(f"{cpu_med.get((name, n), float('nan')):13.1f}" for n in levels)
+        print(f"{name + ' (median)':28}{cells}")
     top, one = max(levels), min(levels)
     for name in servers:
         if top > one and (name, top) in med and (name, one) in med and med[(name, one)] > 0:
             ratio = med[(name, top)] / med[(name, one)]
             target = f" (target >= {TARGET_SCALING}x)" if name == "mlxcel" else ""
             print(f"{name}: {top} clients / {one} client = {ratio:.2f}x{target}")
+    if "mlxcel" in servers and "mlxcel-per-request" in servers:
+        for n in levels:
+            a, b = med.get(("mlxcel", n)), med.get(("mlxcel-per-request", n))
+            c, d = cpu_med.get(("mlxcel", n)), cpu_med.get(("mlxcel-per-request", n))
+            if a and b:
+                print(
+                    f"batched / per-request sampling at {n} clients = {a / b:.2f}x tok/s"
+                    + (f", {c / d:.2f}x tokens per CPU-second" if c and d else "")
+                )
     for other in ("mlx_lm", "mlx_lm+blas"):
         if ("mlxcel", top) in med and (other, top) in med and med[(other, top)] > 0:
             ratio = med[("mlxcel", top)] / med[(other, top)]

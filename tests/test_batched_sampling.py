@@ -9,6 +9,7 @@ its output is the same with batched sampling on and off.
 from __future__ import annotations
 
 import copy
+import math
 import queue
 from dataclasses import replace
 from pathlib import Path
@@ -190,3 +191,56 @@ def test_a_request_alone_matches_its_batched_run(tiny_loaded: Any) -> None:
     for request in (requests[0], requests[1], requests[5]):  # greedy, seeded, greedy
         alone = _run_together(tiny_loaded, [replace(request)])
         assert alone[request.request_id] == together[request.request_id]
+
+
+def test_a_folded_logit_bias_bans_and_boosts() -> None:
+    rng = np.random.default_rng(4)
+    lp = _logprobs(rng, 3)
+    best = mx.argmax(lp, axis=-1).tolist()
+    bias = ((best[0], -math.inf), (best[1], -math.inf), (5, 100.0))
+    params = [
+        SamplingParams(temperature=0.0, logit_bias=bias[:1]),
+        SamplingParams(
+            temperature=1.0, seed=1, top_k=0, top_p=1.0, min_p=0.0, logit_bias=bias[1:2]
+        ),
+        SamplingParams(temperature=0.7, seed=2, logit_bias=bias[2:]),
+    ]
+    rows = [RowSampling(p, V, logit_bias=True) for p in params]
+    sampler = BatchSampler()
+    draws = [sampler.sample(rows, lp).tolist() for _ in range(40)]
+    biased = np.array(lp[0])
+    biased[best[0]] = -np.inf
+    assert all(d[0] == int(np.argmax(biased)) for d in draws)  # greedy, the argmax left
+    assert all(d[1] != best[1] for d in draws) and len({d[1] for d in draws}) > 5
+    assert all(d[2] == 5 for d in draws)  # +100 wins every draw
+    unfolded = RowSampling(params[0], V)  # without logit_bias=True the bias is not applied
+    assert BatchSampler().sample([unfolded], lp[:1]).tolist() == [best[0]]
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        RowSampling(SamplingParams(logit_bias=((V, 1.0),)), V, logit_bias=True)
+
+
+def test_engine_folds_a_lone_logit_bias_into_the_batch_sampler(
+    tiny_loaded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlx_lm.generate import BatchGenerator
+
+    requests = _requests(tiny_loaded)[:5]
+    base = _run_together(tiny_loaded, requests)
+    banned = sorted({t for tokens in base.values() for t in tokens[:4]})
+    bias = tuple((t, -math.inf) for t in banned)
+    biased = [replace(r, sampling=replace(r.sampling, logit_bias=bias)) for r in requests]
+    biased[1] = replace(biased[1], logprobs=0)  # reports log-probabilities: not folded
+    processors: list[int] = []
+    insert = BatchGenerator.insert
+
+    def spy(self: Any, *args: Any, **kw: Any) -> Any:
+        processors.extend(len(p) for p in kw["logits_processors"])
+        return insert(self, *args, **kw)
+
+    monkeypatch.setattr(BatchGenerator, "insert", spy)
+    out = _run_together(tiny_loaded, biased)
+    assert processors == [0, 1, 0, 0, 2]  # the fifth also has a repetition penalty
+    for tokens in out.values():
+        assert not set(tokens) & set(banned)
+    per_request = _run_together(tiny_loaded, biased, batched_sampling=False)
+    assert out[biased[0].request_id] == per_request[biased[0].request_id]  # greedy

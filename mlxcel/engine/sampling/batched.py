@@ -12,6 +12,14 @@ graph. Inside a group each row's draw uses its own key, split exactly as `make_s
 closure splits it, over the same candidates: a row samples the same tokens here as its own
 closure would, whatever rows share the batch (so a seeded request stays reproducible and
 greedy rows stay the argmax of their own row).
+
+A row may also carry its request's logit bias (`RowSampling(..., logit_bias=True)`): it is
+then added to the row's log-probabilities here, as one dense add per group, instead of by a
+logits processor (any processor sends mlx-lm's step through a loop over the rows). The
+result is the same distribution (the bias shifts logits and log-probabilities alike; every
+stage after it is shift-invariant per row); only the log-probabilities mlx-lm reports then
+come before the bias, so the engine folds the bias only for requests that do not ask for
+log-probabilities.
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from mlxcel.engine.sampling.params import SamplingParams
+from mlxcel.engine.sampling.processors import merge_logit_bias
 from mlxcel.engine.sampling.samplers import (
     _initial_key,
     _Plan,
@@ -49,10 +59,15 @@ class BatchRowsError(RuntimeError):
 class RowSampling:
     """One request's sampling state inside a `BatchSampler` (its plan and random key)."""
 
-    __slots__ = ("greedy", "group", "key", "last", "params", "plan")
+    __slots__ = ("bias", "greedy", "group", "key", "last", "params", "plan")
 
-    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+    def __init__(
+        self, params: SamplingParams, vocab_size: int, *, logit_bias: bool = False
+    ) -> None:
+        """`logit_bias`: apply `params.logit_bias` here (ValueError for an id outside the
+        vocabulary); False: it is left to a logits processor."""
         self.params = params
+        self.bias = merge_logit_bias(params.logit_bias, vocab_size) if logit_bias else {}
         self.greedy = params.temperature <= 0
         self.plan = _Plan.from_params(params)
         self.key: mx.array | None = None if self.greedy else _initial_key(params.seed)
@@ -77,6 +92,7 @@ class _Group:
     rows: list[int]  # positions in the batch
     members: list[RowSampling]
     index: mx.array | None  # `rows` as an array; None when the group is the whole batch
+    bias: mx.array | None = None  # [G, V] logit bias, when a member has one
     inv_temperature: mx.array | None = None
     top_p: mx.array | None = None
     uses_top_p: mx.array | None = None
@@ -91,9 +107,21 @@ def _column(values: Sequence[float | bool]) -> mx.array:
     return mx.array(list(values))[:, None]
 
 
-def _build_group(kind: str, k: int, rows: list[int], members: list[RowSampling], n: int) -> _Group:
+def _dense_bias(members: list[RowSampling], vocab: int) -> mx.array:
+    dense = np.zeros((len(members), vocab), dtype=np.float32)
+    for i, member in enumerate(members):
+        if member.bias:
+            dense[i, list(member.bias)] = list(member.bias.values())
+    return mx.array(dense)
+
+
+def _build_group(
+    kind: str, k: int, rows: list[int], members: list[RowSampling], n: int, vocab: int
+) -> _Group:
     index = None if len(rows) == n else mx.array(rows, dtype=mx.int32)
     group = _Group(kind, k, rows, members, index)
+    if any(m.bias for m in members):
+        group.bias = _dense_bias(members, vocab)
     if kind == "greedy":
         return group
     plans = [m.plan for m in members]
@@ -112,12 +140,12 @@ def _build_group(kind: str, k: int, rows: list[int], members: list[RowSampling],
     return group
 
 
-def _plan_groups(rows: Sequence[RowSampling]) -> list[_Group]:
+def _plan_groups(rows: Sequence[RowSampling], vocab: int) -> list[_Group]:
     by_kind: dict[tuple[str, int], list[int]] = {}
     for i, row in enumerate(rows):
         by_kind.setdefault(row.group, []).append(i)
     return [
-        _build_group(kind, k, positions, [rows[i] for i in positions], len(rows))
+        _build_group(kind, k, positions, [rows[i] for i in positions], len(rows), vocab)
         for (kind, k), positions in by_kind.items()
     ]
 
@@ -125,6 +153,8 @@ def _plan_groups(rows: Sequence[RowSampling]) -> list[_Group]:
 def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
     """The group's tokens: one batched graph over its rows (as `make_sampler` per row)."""
     rows = logprobs if group.index is None else mx.take(logprobs, group.index, axis=0)
+    if group.bias is not None:
+        rows = rows + group.bias.astype(rows.dtype)
     if group.kind == "greedy":
         return mx.argmax(rows, axis=-1)
     keys = mx.stack([m.key for m in group.members])  # type: ignore[misc]
@@ -198,7 +228,7 @@ class BatchSampler:
         if len(rows) != len(self._rows) or any(
             a is not b for a, b in zip(rows, self._rows, strict=True)
         ):
-            self._rows, self._groups = rows, _plan_groups(rows)
+            self._rows, self._groups = rows, _plan_groups(rows, logprobs.shape[-1])
         groups = self._groups
         if len(groups) == 1:
             tokens = _sample_group(groups[0], logprobs)

@@ -33,8 +33,9 @@ def _row_indices(window: mx.array, logits: mx.array) -> mx.array:
     return mx.broadcast_to(window[None, :], (logits.shape[0], window.shape[0]))
 
 
-def make_logit_bias(bias: Iterable[tuple[int, float]], vocab_size: int) -> LogitsProcessor | None:
-    """Add `bias` to the listed token ids (later duplicates win); None when empty."""
+def merge_logit_bias(bias: Iterable[tuple[int, float]], vocab_size: int) -> dict[int, float]:
+    """`bias` as {token id: value} (later duplicates win); ValueError for an id outside
+    the vocabulary."""
     merged: dict[int, float] = {}
     for token, value in bias:
         if not 0 <= token < vocab_size:
@@ -42,6 +43,12 @@ def make_logit_bias(bias: Iterable[tuple[int, float]], vocab_size: int) -> Logit
                 f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})"
             )
         merged[int(token)] = float(value)
+    return merged
+
+
+def make_logit_bias(bias: Iterable[tuple[int, float]], vocab_size: int) -> LogitsProcessor | None:
+    """Add `bias` to the listed token ids (later duplicates win); None when empty."""
+    merged = merge_logit_bias(bias, vocab_size)
     if not merged:
         return None
     ids = mx.array(list(merged), dtype=mx.int32)

@@ -362,13 +362,20 @@ class TextEngine:
         if request.thinking is not None:
             processors = [*processors, request.thinking.processor(self.tokenizer)]
         job.sampler = sampler
-        if self._rows is not None:
-            from mlxcel.engine.sampling.batched import RowSampling
-
-            job.row = RowSampling(request.sampling, self.tokenizer.vocab_size)
         if self._spec is not None and self._spec.eligible(request, processors):
             job.spec = self._spec.sequence()
             job.spec.history = list(prompt)
+        if self._rows is not None:
+            from mlxcel.engine.sampling.batched import RowSampling
+
+            # A logit bias that is the request's only processor is applied by the batch
+            # sampler (no per-row processor loop), unless log-probabilities are reported:
+            # they would then come before the bias.
+            fold = bool(request.sampling.logit_bias) and len(processors) == 1
+            fold = fold and request.logprobs is None
+            job.row = RowSampling(request.sampling, self.tokenizer.vocab_size, logit_bias=fold)
+            if fold:
+                processors = []
         (uid,) = generator.insert(
             [prompt[job.cache_n :]],
             max_tokens=[job.max_tokens],
