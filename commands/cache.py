@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,15 @@ def info(name: str = typer.Argument(..., help="A name from `mlxcel cache list`."
         print(f"  {f.name}  {_human(f.stat().st_size)}")
 
 
+def _confirmed(question: str) -> bool:
+    """Ask `question`; no answer (end of input, Ctrl-C) counts as no."""
+    try:
+        return typer.confirm(question)
+    except typer.Abort:
+        print(file=sys.stderr)
+        return False
+
+
 @app.command("rm")
 def remove(
     name: str = typer.Argument(..., help="A name from `mlxcel cache list`."),
@@ -107,8 +117,9 @@ def remove(
     row = _find(name)
     if row.kind == "pypi":
         fail(f"{row.name} ships in a Python package; remove it with pip uninstall")
-    if not yes and not typer.confirm(f"remove {row.name} ({_human(row.size)})?"):
-        raise typer.Exit(1)
+    if not yes and not _confirmed(f"remove {row.name} ({_human(row.size)})?"):
+        print(f"mlxcel: kept {row.name} (nothing removed)", file=sys.stderr)
+        return
     if row.kind == "hf-cache":
         from mlxcel.engine.loading.hf_cache import delete_hf_repo
 

@@ -11,6 +11,30 @@ if TYPE_CHECKING:
     from mlxcel.config import ResolvedSettings
     from mlxcel.engine.loading.model import LoadedModel
 
+#: Built-in defaults of the settings the subcommands' options set, as help shows them.
+#: Written out so that `--help` need not import the settings model; a test keeps them equal
+#: to `Settings`' defaults.
+SETTING_DEFAULTS: dict[str, str] = {
+    "n_predict": "-1",
+    "temp": "0.8",
+    "top_k": "40",
+    "top_p": "0.95",
+    "min_p": "0.05",
+    "repeat_penalty": "1.0",
+    "repeat_last_n": "64",
+    "presence_penalty": "0.0",
+    "frequency_penalty": "0.0",
+    "dry_multiplier": "0.0",
+    "dry_base": "1.75",
+    "dry_allowed_length": "2",
+    "dry_penalty_last_n": "-1",
+    "xtc_probability": "0.0",
+    "xtc_threshold": "0.1",
+    "seed": "-1",
+    "threads": "-1",
+    "cpu_dtype": "auto",
+}
+
 PROFILE_OPTION = typer.Option(
     None, "--profile", "-P", help="Settings profile: a name from configs/ or a TOML path."
 )

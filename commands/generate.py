@@ -11,6 +11,7 @@ import typer
 
 from .common import (
     PROFILE_OPTION,
+    SETTING_DEFAULTS,
     fail,
     load_model_or_exit,
     resolve,
@@ -26,7 +27,11 @@ def generate(
         None, "--prompt", "-p", help="Prompt (alternative to the argument)."
     ),
     model: str | None = typer.Option(
-        None, "--model", "-m", help="GGUF file, MLX dir or HF repo id."
+        None,
+        "--model",
+        "-m",
+        help="GGUF file, MLX dir or HF repo id.",
+        show_default="the built-in SmolLM2",
     ),
     n_predict: int | None = typer.Option(
         None,
@@ -35,30 +40,68 @@ def generate(
         "--n-predict",
         "--max-tokens",
         help="Max tokens to generate (-1: until the context is full).",
+        show_default=SETTING_DEFAULTS["n_predict"],
     ),
     system: str | None = typer.Option(None, "--system", help="System message."),
     temp: float | None = typer.Option(
-        None, "--temp", "--temperature", help="Temperature (0 = greedy)."
+        None,
+        "--temp",
+        "--temperature",
+        help="Temperature (0 = greedy).",
+        show_default=SETTING_DEFAULTS["temp"],
     ),
-    top_k: int | None = typer.Option(None, "--top-k", help="Top-k (0 = off)."),
-    top_p: float | None = typer.Option(None, "--top-p", help="Top-p (1.0 = off)."),
-    min_p: float | None = typer.Option(None, "--min-p", help="Min-p (0.0 = off)."),
+    top_k: int | None = typer.Option(
+        None, "--top-k", help="Top-k (0 = off).", show_default=SETTING_DEFAULTS["top_k"]
+    ),
+    top_p: float | None = typer.Option(
+        None, "--top-p", help="Top-p (1.0 = off).", show_default=SETTING_DEFAULTS["top_p"]
+    ),
+    min_p: float | None = typer.Option(
+        None, "--min-p", help="Min-p (0.0 = off).", show_default=SETTING_DEFAULTS["min_p"]
+    ),
     p_less: bool = typer.Option(False, "--p-less", help="p-less truncation."),
     repeat_penalty: float | None = typer.Option(
-        None, "--repeat-penalty", help="Repetition penalty (1.0 = off)."
+        None,
+        "--repeat-penalty",
+        help="Repetition penalty (1.0 = off).",
+        show_default=SETTING_DEFAULTS["repeat_penalty"],
     ),
-    repeat_last_n: int | None = typer.Option(None, "--repeat-last-n", help="Penalty window."),
-    presence_penalty: float | None = typer.Option(None, "--presence-penalty"),
-    frequency_penalty: float | None = typer.Option(None, "--frequency-penalty"),
+    repeat_last_n: int | None = typer.Option(
+        None,
+        "--repeat-last-n",
+        help="Penalty window.",
+        show_default=SETTING_DEFAULTS["repeat_last_n"],
+    ),
+    presence_penalty: float | None = typer.Option(
+        None, "--presence-penalty", show_default=SETTING_DEFAULTS["presence_penalty"]
+    ),
+    frequency_penalty: float | None = typer.Option(
+        None, "--frequency-penalty", show_default=SETTING_DEFAULTS["frequency_penalty"]
+    ),
     dry_multiplier: float | None = typer.Option(
-        None, "--dry-multiplier", help="DRY multiplier (0 = off)."
+        None,
+        "--dry-multiplier",
+        help="DRY multiplier (0 = off).",
+        show_default=SETTING_DEFAULTS["dry_multiplier"],
     ),
-    dry_base: float | None = typer.Option(None, "--dry-base"),
-    dry_allowed_length: int | None = typer.Option(None, "--dry-allowed-length"),
-    dry_penalty_last_n: int | None = typer.Option(None, "--dry-penalty-last-n"),
-    xtc_probability: float | None = typer.Option(None, "--xtc-probability"),
-    xtc_threshold: float | None = typer.Option(None, "--xtc-threshold"),
-    seed: int | None = typer.Option(None, "--seed", "-s", help="Seed (-1 = random)."),
+    dry_base: float | None = typer.Option(
+        None, "--dry-base", show_default=SETTING_DEFAULTS["dry_base"]
+    ),
+    dry_allowed_length: int | None = typer.Option(
+        None, "--dry-allowed-length", show_default=SETTING_DEFAULTS["dry_allowed_length"]
+    ),
+    dry_penalty_last_n: int | None = typer.Option(
+        None, "--dry-penalty-last-n", show_default=SETTING_DEFAULTS["dry_penalty_last_n"]
+    ),
+    xtc_probability: float | None = typer.Option(
+        None, "--xtc-probability", show_default=SETTING_DEFAULTS["xtc_probability"]
+    ),
+    xtc_threshold: float | None = typer.Option(
+        None, "--xtc-threshold", show_default=SETTING_DEFAULTS["xtc_threshold"]
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", "-s", help="Seed (-1 = random).", show_default=SETTING_DEFAULTS["seed"]
+    ),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     max_pattern_size: int | None = typer.Option(
         None, "--max-pattern-size", help="Loop detection: longest pattern."
@@ -83,9 +126,14 @@ def generate(
         "--cpu-dtype",
         help="CPU backend: keep quantized weights packed (keep), or dequantize to float32 "
         "(float32; auto when memory allows).",
+        show_default=SETTING_DEFAULTS["cpu_dtype"],
     ),
     threads: int | None = typer.Option(
-        None, "--threads", "-t", help="CPU threads for mlxcel's CPU kernel (-1: one per core)."
+        None,
+        "--threads",
+        "-t",
+        help="CPU threads for mlxcel's CPU kernel (-1: one per core).",
+        show_default=SETTING_DEFAULTS["threads"],
     ),
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON object instead of streaming."
@@ -135,7 +183,7 @@ def generate(
     from mlxcel.engine.text.request import GenerationRequest
     from mlxcel.engine.text.scheduler import TextEngine
 
-    template = _read_template(settings.chat_template_file) or settings.chat_template
+    template = _chat_template(settings.chat_template_file, settings.chat_template, settings.jinja)
     loaded = load_model_or_exit(
         settings.model,
         store=settings.model_store,
@@ -210,13 +258,25 @@ def generate(
         )
         return
     sys.stdout.write("\n")
+    sys.stdout.flush()  # before the stats on stderr: a shared pipe keeps the order
     if timings is not None:
+        if request.max_tokens == 0:  # nothing ran: no rate to tell
+            prompt_part = f"prompt: {timings.prompt_n} tokens (not evaluated with -n 0)"
+        else:
+            prompt_part = _count_and_rate("prompt", timings.prompt_n, timings.prompt_per_second)
+        generated = _count_and_rate("generation", timings.predicted_n, timings.predicted_per_second)
         print(
-            f"prompt: {timings.prompt_n} tokens, {timings.prompt_per_second:.1f} tok/s | "
-            f"generation: {timings.predicted_n} tokens, {timings.predicted_per_second:.1f} tok/s | "
-            f"peak memory: {peak:.3f} GB | finish: {final.finish_reason} | {wall:.2f} s",
+            f"{prompt_part} | {generated} | peak memory: {peak:.3f} GB | "
+            f"finish: {final.finish_reason} | {wall:.2f} s",
             file=sys.stderr,
         )
+
+
+def _count_and_rate(what: str, tokens: int, per_second: float) -> str:
+    """`what: N tokens, R tok/s`; no rate for zero tokens."""
+    if tokens <= 0 or per_second <= 0:
+        return f"{what}: {tokens} tokens"
+    return f"{what}: {tokens} tokens, {per_second:.1f} tok/s"
 
 
 def _read_prompt(arg: str | None, option: str | None) -> str:
@@ -232,14 +292,25 @@ def _read_prompt(arg: str | None, option: str | None) -> str:
     return text
 
 
-def _read_template(path: str | None) -> str | None:
-    if not path:
+def _chat_template(path: str | None, text: str | None, jinja: bool) -> str | None:
+    """The chat template override (`--chat-template-file`, else the `chat_template` setting),
+    read as `mlxcel serve` reads it: a built-in name or Jinja text."""
+    from mlxcel.engine.chat.template import TemplateError, override_source
+
+    label = "chat_template"
+    if path:
+        label = "--chat-template-file"
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            fail(f"cannot read chat template file {path}: {exc.strerror or exc}")
+    if not text:
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        fail(f"cannot read chat template file {path}: {exc.strerror or exc}")
+        return override_source(text, jinja=jinja)
+    except TemplateError as exc:
+        fail(f"{label}: {exc}")
 
 
 def _peak_memory_gb() -> float:

@@ -102,7 +102,13 @@ def speak(
         player = find_player()
         if player is None:
             fail("no audio player found (afplay, pw-play, paplay, aplay, ffplay); use -o out.wav")
-    tts = _load(model or os.environ.get(MODEL_ENV) or None, quiet)
+    ref = model or os.environ.get(MODEL_ENV) or None
+    if ref is None:
+        fail(
+            f"no text-to-speech model given: pass a Kokoro-82M directory with -m/--model "
+            f"or set {MODEL_ENV} (for example an mlx-community/Kokoro-82M-bf16 snapshot)"
+        )
+    tts = _load(ref, quiet)
     if list_voices:
         for name in sorted(tts.voices):
             print(f"{name}{'  (default)' if name == tts.default_voice else ''}")

@@ -21,6 +21,23 @@ from mlxcel.commands import (
     transcribe,
 )
 
+
+def _hide_switch_metavars() -> None:
+    """Help shows no `<bool>` value for plain switches (`--ignore-eos`): they take none."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: typer.Context) -> str | None:
+        if self.is_flag and not self.count:
+            return None
+        return shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign,assignment]
+
+
+_hide_switch_metavars()
+
 app = typer.Typer(
     name="mlxcel",
     help="Local inference on MLX: generate, tokenize, manage models.",

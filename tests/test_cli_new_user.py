@@ -1,0 +1,141 @@
+"""What a new user meets on the command line: output layout, messages, help, docs links.
+
+Every check runs the real `mlxcel` command in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mlxcel(
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None, merged: bool = False
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mlxcel", *args],
+        input=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "120", **(env or {})},
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
+
+
+def test_generate_ends_its_text_with_a_newline_before_the_stats(tiny_llama_dir: Path) -> None:
+    # stdout and stderr on one pipe, as in `mlxcel generate ... 2>&1 | less`
+    out = _mlxcel(
+        "generate", "-m", str(tiny_llama_dir), "-n", "3", "--temp", "0", "hi", merged=True
+    )
+    assert out.returncode == 0, out.stdout
+    text, stats = out.stdout.rsplit("\nprompt: ", 1)
+    assert text.strip()  # the generated text, then its newline, then the stats line
+    assert stats.endswith("\n") and "generation: 3 tokens, " in stats and " tok/s" in stats
+    alone = _mlxcel("generate", "-m", str(tiny_llama_dir), "-n", "3", "--temp", "0", "hi")
+    assert alone.stdout.endswith("\n") and not alone.stdout.endswith("\n\n")
+
+
+def test_generate_n0_prints_no_rate(tiny_llama_dir: Path) -> None:
+    out = _mlxcel("generate", "-m", str(tiny_llama_dir), "-n", "0", "hi")
+    assert out.returncode == 0, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert "tok/s" not in line
+    assert "(not evaluated with -n 0)" in line and "generation: 0 tokens |" in line
+
+
+def test_bad_model_file_is_named_once(tmp_path: Path) -> None:
+    bad = tmp_path / "notamodel.gguf"
+    bad.write_bytes(b"this is not a model")
+    for path in (str(bad), str(tmp_path / "missing.gguf")):
+        out = _mlxcel("generate", "-m", path, "hi")
+        assert out.returncode == 2
+        [line] = out.stderr.strip().splitlines()
+        name = Path(path).name
+        assert line.startswith("mlxcel: error: ") and line.count(name) == 1, line
+
+
+def test_speak_error_names_its_own_option() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MLXCEL_TTS_MODEL"}
+    out = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "speak", "-o", os.devnull, "hello"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert "--tts-model" not in line
+    assert "-m/--model" in line and "MLXCEL_TTS_MODEL" in line
+
+
+@pytest.fixture(scope="module")
+def stored_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, str]]:
+    """A store holding one converted GGUF (a model `cache rm` can remove)."""
+    from fixtures.tiny_models import build_tiny_model, write_tiny_gguf
+
+    base = tmp_path_factory.mktemp("store")
+    gguf = write_tiny_gguf(build_tiny_model(base / "src"), base / "tiny-rm.gguf", "Q8_0")
+    env = {"MLXCEL_MODEL_STORE": str(base / "store"), "HF_HUB_CACHE": str(base / "hf")}
+    out = _mlxcel("generate", "-m", str(gguf), "-n", "1", "hi", env=env)
+    assert out.returncode == 0, out.stderr
+    listing = _mlxcel("cache", "list", "--json", env=env)
+    import json
+
+    names = [row["name"] for row in json.loads(listing.stdout) if row["kind"] == "mlxcel-store"]
+    assert len(names) == 1
+    return names[0], env
+
+
+def test_cache_rm_answered_no_says_so_and_keeps_the_model(
+    stored_model: tuple[str, dict[str, str]],
+) -> None:
+    name, env = stored_model
+    for answer in ("n\n", ""):  # "n", then no answer at all (end of input)
+        out = _mlxcel("cache", "rm", name, stdin=answer, env=env)
+        assert out.returncode == 0, out.stderr
+        assert f"kept {name} (nothing removed)" in out.stderr
+        assert name in _mlxcel("cache", "list", "--json", env=env).stdout
+    removed = _mlxcel("cache", "rm", name, stdin="y\n", env=env)
+    assert removed.returncode == 0 and f"removed {name}" in removed.stdout
+    assert name not in _mlxcel("cache", "list", "--json", env=env).stdout
+
+
+def test_help_shows_no_bool_metavar_and_generate_shows_defaults() -> None:
+    from mlxcel.config import field_meta
+    from mlxcel.config.llama_flags import _show_value
+
+    for command in (["generate"], ["embed"], ["cache", "list"], ["transcribe"], ["bench"]):
+        out = _mlxcel(*command, "--help")
+        assert out.returncode == 0, out.stderr
+        assert "<bool>" not in out.stdout, command
+    help_text = " ".join(_mlxcel("generate", "--help").stdout.split())
+    for shown in ("[default: (0.8)]", "[default: (40)]", "[default: (the built-in SmolLM2)]"):
+        assert shown in help_text
+    # The defaults help shows are the settings' own.
+    from commands.common import SETTING_DEFAULTS
+
+    for name, text in SETTING_DEFAULTS.items():
+        assert text == _show_value(field_meta(name).default), name
+
+
+def test_docs_links_resolve() -> None:
+    """Every relative link in README.md and docs/ names a file that exists."""
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in link.findall(page.read_text(encoding="utf-8")):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
