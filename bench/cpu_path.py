@@ -1,19 +1,23 @@
-"""The CPU path, before and after: bundled BLAS vs OpenBLAS; kept weights, float32, kernel.
+"""The CPU path, before and after: reference BLAS vs OpenBLAS; kept weights, float32, kernel.
 
 Each configuration runs `mlxcel bench --json` in its own process (the BLAS is chosen when a
 process starts, before MLX loads), on the embedded default model (SmolLM2-135M, GGUF Q4_1)
 and on the ~20M float32 llama fixture, and prints prefill/decode tok/s with the ratio to
 the "before" configuration (MLX's bundled BLAS, weights as stored: what plain mlx-lm does).
 
-    .venv/bin/python bench/cpu_path.py [-p 64] [-n 24] [-r 2]
+    .venv/bin/python bench/cpu_path.py [-p 64] [-n 24] [-r 2] [--llama-bench PATH]
 
-"after" is the default (`--cpu-dtype auto`): quantized weights stay packed and decode runs
-on mlxcel's CPU kernel, prefill on a float32 copy through OpenBLAS.
+"after" is the default (`--cpu-dtype auto`, `MLXCEL_BLAS=auto`): quantized weights stay
+packed and decode runs on mlxcel's CPU kernel with int8 activations where the CPU has
+AVX-512 VNNI, prefill on a float32 copy through OpenBLAS (the PyPI one unless a system
+OpenBLAS is installed). The row before it is the same with `MLXCEL_KERNEL_INT8=off` (the
+kernel with float32 activations, as before issue 18).
 
 For scale it prints the ratio to llama.cpp on the same GGUF: pass `--llama-bench PATH` (a
-`llama-bench` built from llama.cpp; it runs in the same session with as many threads as
-there are cores), else the reference figures the speed issue quotes for a 2-core x86_64
-box (llama-server 127-131 tok/s prefill, 63-73 decode) are used and labelled as such.
+`llama-bench` built from llama.cpp; it runs before and after mlxcel's configurations, with
+as many threads as there are cores, and the mean of the two is used), else the reference
+figures the speed issue quotes for a 2-core x86_64 box (llama-server 127-131 tok/s
+prefill, 63-73 decode) are used and labelled as such.
 """
 
 from __future__ import annotations
@@ -29,15 +33,17 @@ from _common import ROOT, bench_model
 
 MLXCEL = str(ROOT / ".venv" / "bin" / "mlxcel")
 LLAMA_SERVER_REFERENCE = {"pp": 129.0, "tg": 68.0}  # midpoints of the issue's ranges
-TARGETS = {"pp": 0.5, "tg": 0.25}  # of llama-server, from the issue
+TARGETS = {"pp": 1.0, "tg": 0.6}  # of llama.cpp, from issue 18
 
 CONFIGS = (
-    ("before: bundled BLAS, weights kept", {"MLXCEL_BLAS": "off", "MLXCEL_CPU_DTYPE": "keep"}),
-    ("OpenBLAS, weights kept", {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "keep"}),
-    ("bundled BLAS, float32", {"MLXCEL_BLAS": "off", "MLXCEL_CPU_DTYPE": "float32"}),
+    ("before: reference BLAS, weights kept", {"MLXCEL_BLAS": "off", "MLXCEL_CPU_DTYPE": "keep"}),
+    ("reference BLAS + kernel (auto, no BLAS)", {"MLXCEL_BLAS": "off", "MLXCEL_CPU_DTYPE": "auto"}),
     ("OpenBLAS, float32", {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "float32"}),
-    ("bundled BLAS + mlxcel kernel (auto)", {"MLXCEL_BLAS": "off", "MLXCEL_CPU_DTYPE": "auto"}),
-    ("after: OpenBLAS + mlxcel kernel (auto)", {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "auto"}),
+    (
+        "OpenBLAS + kernel, float32 activations",
+        {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "auto", "MLXCEL_KERNEL_INT8": "off"},
+    ),
+    ("after: OpenBLAS + kernel, int8 (auto)", {"MLXCEL_BLAS": "auto", "MLXCEL_CPU_DTYPE": "auto"}),
 )
 
 
@@ -88,16 +94,23 @@ def report(
 ) -> None:
     print(f"\n== {title} (pp{args.p}, tg{args.n}, {args.r} runs each)")
     gguf = reference is not None
-    llama = reference[0] if reference else {}
     rows = []
     for name, env in CONFIGS:
         rows.append((name, run_bench(model, env, args)))
+    llama = dict(reference[0]) if reference else {}
+    if gguf and args.llama_bench:
+        after, _ = llama_cpp_rates(args.llama_bench, args)
+        print(
+            f"llama.cpp before mlxcel's runs: pp {llama['pp']:.1f}, tg {llama['tg']:.1f} tok/s; "
+            f"after: pp {after['pp']:.1f}, tg {after['tg']:.1f} (the mean is used)"
+        )
+        llama = {kind: (llama[kind] + after[kind]) / 2 for kind in ("pp", "tg")}
     base = rows[0][1]
-    header = f"{'configuration':38} {'pp t/s':>8} {'x':>6} {'tg t/s':>8} {'x':>6}"
+    header = f"{'configuration':42} {'pp t/s':>8} {'x':>6} {'tg t/s':>8} {'x':>6}"
     print(header + ("   vs llama.cpp pp / tg" if gguf else ""))
     for name, r in rows:
         line = (
-            f"{name:38} {r['pp']:8.1f} {r['pp'] / base['pp']:5.2f}x"
+            f"{name:42} {r['pp']:8.1f} {r['pp'] / base['pp']:5.2f}x"
             f" {r['tg']:8.2f} {r['tg'] / base['tg']:5.2f}x"
         )
         if gguf:
