@@ -21,6 +21,8 @@ class _StandIn(types.ModuleType):
     """Forwards every attribute to the real module, importing it on first use."""
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__"):  # the import system probes __path__, __spec__, ...
+            raise AttributeError(attribute)
         return getattr(real(), attribute)
 
 

@@ -146,7 +146,7 @@ def transcribe(
     )
     mw = importlib.import_module("mlx_whisper.transcribe")
     total = len(samples) / SAMPLE_RATE
-    with _LOCK, _hooks(mw, total, progress, should_stop):
+    with _LOCK, _hooks(mw, total, progress, should_stop, options.word_timestamps):
         mw.ModelHolder.model = model.model
         mw.ModelHolder.model_path = f"mlxcel:{model.path}"
         mx.random.seed(0)  # fallback sampling is reproducible
@@ -251,16 +251,27 @@ class _TqdmModule:
 
 @contextmanager
 def _hooks(
-    module: Any, total_s: float, progress: ProgressFn | None, stop: Callable[[], bool] | None
+    module: Any,
+    total_s: float,
+    progress: ProgressFn | None,
+    stop: Callable[[], bool] | None,
+    word_timestamps: bool,
 ) -> Iterator[None]:
-    """Route mlx-whisper's progress bar to `progress` and its DTW to numpy (no JIT warm-up)."""
+    """Route mlx-whisper's progress bar to `progress` and, for word timestamps, its DTW to
+    numpy (no JIT warm-up). Without word timestamps its timing module stays unimported."""
     from mlxcel.engine.audio.dtw import dtw
 
-    timing: Any = importlib.import_module("mlx_whisper.timing")
-    original_bar, original_dtw = module.tqdm, timing.dtw
+    original_bar = module.tqdm
     module.tqdm = _TqdmModule(_Bar(total_s, progress, stop))
-    timing.dtw = dtw
+    timing: Any = None
+    if word_timestamps:
+        from mlxcel.engine.audio import lazy_timing
+
+        timing = lazy_timing.real()
+        original_dtw, timing.dtw = timing.dtw, dtw
     try:
         yield
     finally:
-        module.tqdm, timing.dtw = original_bar, original_dtw
+        module.tqdm = original_bar
+        if timing is not None:
+            timing.dtw = original_dtw
