@@ -413,7 +413,7 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
     (_SERVER, "-a, --alias STRING", "LLAMA_ARG_ALIAS", "",
         sup("alias")),
     (_SERVER, "--tags STRING", "LLAMA_ARG_TAGS", "",
-        ign("model tags are only used by the llama.cpp router")),
+        sup("tags")),
     (_SERVER,
      "--embd-normalize N",
      "",

@@ -76,7 +76,16 @@ class Settings(BaseModel):
         group="model",
     )
     alias: str | None = _f(
-        None, "Model name reported by the API", env="LLAMA_ARG_ALIAS", group="model"
+        None,
+        "Model names reported by the API, comma-separated (the first, sorted, is the main one)",
+        env="LLAMA_ARG_ALIAS",
+        group="model",
+    )
+    tags: str | None = _f(
+        None,
+        "Model tags for /v1/models, comma-separated (informational)",
+        env="LLAMA_ARG_TAGS",
+        group="model",
     )
     model_store: str | None = _f(
         None, "Directory for converted models", env="MLXCEL_MODEL_STORE", group="model"
@@ -521,6 +530,14 @@ class Settings(BaseModel):
             raise ValueError("must be -1 (auto) or at least 1")
         return value
 
+    def alias_names(self) -> list[str]:
+        """`alias` split at commas: distinct names, sorted (llama-server keeps a set)."""
+        return _name_set(self.alias)
+
+    def tag_names(self) -> list[str]:
+        """`tags` split at commas: distinct tags, sorted."""
+        return _name_set(self.tags)
+
     def api_keys(self) -> list[str]:
         """Every accepted API key: `api_key` plus the lines of `api_key_file` (read now)."""
         keys = list(self.api_key)
@@ -528,6 +545,10 @@ class Settings(BaseModel):
             text = Path(self.api_key_file).expanduser().read_text(encoding="utf-8")
             keys.extend(line.strip() for line in text.splitlines() if line.strip())
         return list(dict.fromkeys(keys))
+
+
+def _name_set(text: str | None) -> list[str]:
+    return sorted({part.strip() for part in (text or "").split(",") if part.strip()})
 
 
 @dataclass(frozen=True)

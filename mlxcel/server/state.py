@@ -53,9 +53,11 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
-        """The name the API reports: `--alias`, else the model's name."""
-        if self.settings.alias:
-            return self.settings.alias
+        """The name the API reports: the first `--alias` (sorted, as llama-server), else
+        the model's name."""
+        aliases = self.settings.alias_names()
+        if aliases:
+            return aliases[0]
         return self.model_info.name if self.model_info is not None else "unknown"
 
 
