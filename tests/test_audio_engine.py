@@ -577,6 +577,28 @@ def test_worker_transcribes_like_the_engine(tiny_whisper: WhisperModel, speech: 
         worker.stop()
 
 
+def test_worker_reports_progress_per_window(tiny_whisper: WhisperModel) -> None:
+    long_audio = np.zeros(16_000 * 65, dtype=np.float32)  # three windows
+    seen: list[tuple[float, float, object]] = []
+    worker = AudioWorker(loader=lambda: AudioModels(stt=tiny_whisper)).start()
+    try:
+
+        def progress(done: float, total: float) -> None:
+            seen.append((done, total, worker.progress))
+
+        result = asyncio.run(
+            worker.transcribe(long_audio, TranscriptionOptions(), progress=progress)
+        )
+    finally:
+        worker.stop()
+    assert result.duration == 65.0
+    assert len(seen) >= 3 and seen[-1][:2] == (65.0, 65.0)
+    assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
+    assert all(p is not None and p.done_s == d for d, _, p in seen)  # readable while it runs
+    assert worker.progress is None  # nothing running now
+    assert worker.stats.audio_seconds == 65.0 and worker.stats.transcribe_seconds > 0
+
+
 def test_mlx_whisper_directory_loads_in_float32_on_cpu(tmp_path: Path) -> None:
     import mlx.core as mx
 

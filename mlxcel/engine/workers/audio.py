@@ -73,6 +73,16 @@ class AudioWorkerStats:
     failures: int = 0
     timeouts: int = 0
     busy_seconds: float = 0.0
+    audio_seconds: float = 0.0  # of audio transcribed
+    transcribe_seconds: float = 0.0  # spent transcribing it
+
+
+@dataclass(frozen=True)
+class TranscriptionProgress:
+    """How far the running transcription is (seconds of audio done / in all)."""
+
+    done_s: float
+    total_s: float
 
 
 @dataclass
@@ -122,6 +132,7 @@ class AudioWorker:
         self._stopping = threading.Event()
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
+        self._progress: TranscriptionProgress | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -220,16 +231,59 @@ class AudioWorker:
             job.future.cancel()
             raise
 
-    async def transcribe(self, audio: np.ndarray, options: TranscriptionOptions) -> Transcription:
-        """Transcribe 16 kHz mono samples on the worker."""
-        from mlxcel.engine.audio.transcribe import transcribe
+    @property
+    def progress(self) -> TranscriptionProgress | None:
+        """The running transcription's progress (updated after each 30-second window);
+        None when no transcription is running."""
+        return self._progress
+
+    async def transcribe(
+        self,
+        audio: np.ndarray,
+        options: TranscriptionOptions,
+        *,
+        progress: Callable[[float, float], None] | None = None,
+    ) -> Transcription:
+        """Transcribe 16 kHz mono samples on the worker. `progress(done_s, total_s)` is called
+        on the worker thread after each window (long audio is read 30 s at a time)."""
+        return await self.run(self._transcription_job(audio, options, progress))
+
+    def _transcription_job(
+        self,
+        audio: np.ndarray,
+        options: TranscriptionOptions,
+        progress: Callable[[float, float], None] | None,
+    ) -> Callable[[AudioModels, Callable[[], bool]], Transcription]:
+        from mlxcel.engine.audio.transcribe import SAMPLE_RATE, transcribe
+
+        def report(done: float, total: float) -> None:
+            self._progress = TranscriptionProgress(done, total)
+            log.debug("%s: transcribed %.1f of %.1f s", self.name, done, total)
+            if progress is not None:
+                progress(done, total)
 
         def job(models: AudioModels, stop: Callable[[], bool]) -> Transcription:
             if models.stt is None:
                 raise AudioUnavailableError("no speech-to-text model loaded")
-            return transcribe(models.stt, audio, options, should_stop=stop)
+            started = time.perf_counter()
+            self._progress = TranscriptionProgress(0.0, len(audio) / SAMPLE_RATE)
+            try:
+                result = transcribe(models.stt, audio, options, progress=report, should_stop=stop)
+            finally:
+                self._progress = None
+            elapsed = time.perf_counter() - started
+            self.stats.audio_seconds += result.duration
+            self.stats.transcribe_seconds += elapsed
+            log.info(
+                "%s: %.1f s of audio transcribed in %.2f s (%.1fx real time)",
+                self.name,
+                result.duration,
+                elapsed,
+                result.duration / elapsed if elapsed > 0 else float("inf"),
+            )
+            return result
 
-        return await self.run(job)
+        return job
 
     async def speak(
         self, text: str, *, voice: str | None = None, speed: float = 1.0, phonemes: bool = False
