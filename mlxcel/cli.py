@@ -14,6 +14,7 @@ from mlxcel.commands import (
     cache,
     embed,
     generate,
+    image,
     rerank,
     serve,
     speak,
@@ -69,6 +70,7 @@ app.command("embed", help=embed.__doc__)(embed.embed)
 app.command("rerank", help=rerank.__doc__)(rerank.rerank)
 app.command("transcribe", help=transcribe.__doc__)(transcribe.transcribe)
 app.command("speak", help=speak.__doc__)(speak.speak)
+app.command("image", help=image.__doc__)(image.image)
 app.add_typer(cache.app, name="cache")
 app.add_typer(bench.app, name="bench")
 app.command("serve", help=serve.__doc__, context_settings=serve.CONTEXT_SETTINGS)(serve.serve)

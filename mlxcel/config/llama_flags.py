@@ -740,6 +740,12 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
         sup("audio_queue_depth")),
     (_MLXCEL, "--audio-timeout SECONDS", "", "",
         sup("audio_timeout")),
+    (_MLXCEL, "--image-model PATH", "", "",
+        sup("image_model")),
+    (_MLXCEL, "--image-queue-depth N", "", "",
+        sup("image_queue_depth")),
+    (_MLXCEL, "--image-timeout SECONDS", "", "",
+        sup("image_timeout")),
     (_MLXCEL, "--video-max-frames N", "", "",
         sup("video_max_frames")),
 )

@@ -129,6 +129,12 @@ class Settings(BaseModel):
     tts_model: str | None = _f(
         None, "Kokoro model dir for /v1/audio/speech", env="MLXCEL_TTS_MODEL", group="model"
     )
+    image_model: str | None = _f(
+        None,
+        "Image model dir (Z-Image, FLUX.2-klein) for mlxcel image and /v1/images",
+        env="MLXCEL_IMAGE_MODEL",
+        group="model",
+    )
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = _f(
         None, "Embedding pooling; default: the model's", env="LLAMA_ARG_POOLING", group="model"
     )
@@ -422,6 +428,16 @@ class Settings(BaseModel):
         600.0,
         "Seconds an audio request may take before 504 (0 = none)",
         env="MLXCEL_AUDIO_TIMEOUT",
+        group="server",
+        ge=0,
+    )
+    image_queue_depth: int = _f(
+        4, "Image requests waiting before 503", env="MLXCEL_IMAGE_QUEUE_DEPTH", group="server", ge=1
+    )
+    image_timeout: float = _f(
+        600.0,
+        "Seconds an image request may take before 504 (0 = none)",
+        env="MLXCEL_IMAGE_TIMEOUT",
         group="server",
         ge=0,
     )

@@ -36,6 +36,7 @@ def _routers() -> list[APIRouter]:
     from mlxcel.server.audio import router as audio_router
     from mlxcel.server.embeddings.routes import router as embeddings_router
     from mlxcel.server.health import router as health_router
+    from mlxcel.server.images import router as images_router
     from mlxcel.server.llama_native.routes import router as native_router
     from mlxcel.server.models_route import router as models_router
     from mlxcel.server.openai_chat.routes import router as chat_router
@@ -56,6 +57,7 @@ def _routers() -> list[APIRouter]:
         embeddings_router,
         rerank_router,
         audio_router,
+        images_router,
     ]
 
 
@@ -101,6 +103,15 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
             has_stt=bool(settings.audio_model), has_tts=bool(settings.tts_model)
         )
         app.include_router(audio_only_router(served), prefix=prefix)  # type: ignore[arg-type]
+    if (
+        settings.image_model
+        and settings.model is None
+        and not settings.embedding
+        and not (settings.audio_model or settings.tts_model)
+    ):
+        from mlxcel.server.images import image_only_router
+
+        app.include_router(image_only_router(), prefix=prefix)
     for router in _routers():
         app.include_router(router, prefix=prefix)
     # Middleware added last runs first: CORS (answers preflights), then the guard.

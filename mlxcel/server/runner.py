@@ -111,6 +111,32 @@ def audio_only(settings: Settings) -> bool:
     return audio_wanted(settings) and not settings.model and not settings.embedding
 
 
+def image_only(settings: Settings) -> bool:
+    """An image model and no chat, embedding or audio model: chat routes answer 501."""
+    return (
+        bool(settings.image_model)
+        and not settings.model
+        and not settings.embedding
+        and not audio_wanted(settings)
+    )
+
+
+def start_image_worker(state: ServerState) -> None:
+    """Load `--image-model` and start its worker on `state.image` (ModelLoadError on failure)."""
+    from mlxcel.engine.image import load_image_model
+    from mlxcel.engine.workers.image_worker import ImageWorker
+
+    settings = state.settings
+    assert settings.image_model
+    model = load_image_model(settings.image_model)
+    state.image = ImageWorker(  # type: ignore[attr-defined]
+        model, queue_depth=settings.image_queue_depth, timeout=settings.image_timeout
+    ).start()
+    print(
+        f"mlxcel: image model {model.name} ready ({model.family.name})", file=sys.stderr, flush=True
+    )
+
+
 def speculation_config(settings: Settings, loaded: LoadedModel) -> SpeculationConfig | None:
     """Speculative decoding from `--spec-type` and `--spec-draft-model` (None: off).
 
@@ -225,6 +251,13 @@ def load_into(state: ServerState) -> None:
     )
 
     settings = state.settings
+    if settings.image_model:
+        state.embeddings = EmbeddingServices(loading=True)  # the server is loading meanwhile
+        start_image_worker(state)
+        if image_only(settings):
+            state.text_engine = False
+            state.embeddings = None
+            return
     if audio_wanted(settings):
         from mlxcel.engine.workers.audio import AudioWorker
 
@@ -504,6 +537,9 @@ def run_server(settings: Settings) -> int:
             state.embeddings.stop()
         if state.audio is not None:
             state.audio.stop()
+        image = getattr(state, "image", None)
+        if image is not None:
+            image.stop()
     if server.failure is not None:
         print(f"mlxcel: error: {server.failure}", file=sys.stderr, flush=True)
         return 2

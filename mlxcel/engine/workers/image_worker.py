@@ -1,0 +1,155 @@
+"""The image worker: one thread that owns the image pipeline, one request at a time.
+
+It is a `BatchWorker` whose batches hold a single job, so it inherits the bounded queue
+(QueueFullError at once when full, which the server answers with 503 before any work), the
+deadline check before a job starts and the clean stop. `run` awaits a job with the per-request
+timeout (WorkerTimeoutError, 504); a job that times out, or whose client goes away, stops at
+its next denoising step. Errors of the request itself (ImageStoppedError, InvalidRequestError)
+come back through the job's future without a logged traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from mlxcel.engine.errors import EngineError
+from mlxcel.engine.workers.batch_worker import BatchWorker, Job
+from mlxcel.engine.workers.errors import WorkerTimeoutError
+
+if TYPE_CHECKING:
+    from mlxcel.engine.image import GeneratedPicture, ImageJob, ImageModel
+    from mlxcel.engine.image.pipeline import StepCallback
+
+DEFAULT_IMAGE_QUEUE_DEPTH = 4
+DEFAULT_IMAGE_TIMEOUT = 600.0
+
+
+class _Task:
+    """One image request as the single 'sequence' of a one-job batch."""
+
+    def __init__(
+        self, model: ImageModel, job: ImageJob, on_step: StepCallback | None, deadline: float | None
+    ) -> None:
+        self.model = model
+        self.job = job
+        self.on_step = on_step
+        self.deadline = deadline
+        self.stop = threading.Event()
+
+    def __len__(self) -> int:
+        return 1
+
+    def should_stop(self) -> bool:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.stop.set()
+        return self.stop.is_set()
+
+    def prepare(self) -> list[_Task]:
+        return [self]
+
+    @staticmethod
+    def forward(batch: Sequence[_Task]) -> list[Any]:
+        task = batch[0]
+        try:
+            pictures = task.model.generate(
+                task.job, on_step=task.on_step, should_stop=task.should_stop
+            )
+        except EngineError as exc:  # the request's own failure: no traceback in the log
+            return [exc]
+        return [pictures]
+
+    def finish(self, outputs: list[Any]) -> list[GeneratedPicture]:
+        result = outputs[0]
+        if isinstance(result, BaseException):
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise WorkerTimeoutError("the image request timed out") from result
+            raise result
+        return result  # type: ignore[no-any-return]
+
+
+class ImageWorker:
+    """Image jobs for one loaded `ImageModel` on a dedicated thread."""
+
+    def __init__(
+        self,
+        model: ImageModel,
+        *,
+        queue_depth: int = DEFAULT_IMAGE_QUEUE_DEPTH,
+        timeout: float | None = DEFAULT_IMAGE_TIMEOUT,
+        name: str | None = None,
+    ) -> None:
+        self.model = model
+        self.timeout = timeout if timeout and timeout > 0 else None
+        self.worker = BatchWorker(
+            name or f"mlxcel-image[{model.name}]", batch_size=1, queue_depth=queue_depth
+        )
+
+    @property
+    def queue_depth(self) -> int:
+        return self.worker.queue_depth
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting (not counting the one running)."""
+        return self.worker.pending
+
+    @property
+    def running(self) -> bool:
+        return self.worker.running
+
+    def start(self) -> ImageWorker:
+        """Start the thread."""
+        self.worker.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop after the current job; queued jobs fail with WorkerStoppedError."""
+        self.worker.stop()
+
+    def submit(
+        self, job: ImageJob, *, on_step: StepCallback | None = None
+    ) -> tuple[Future[list[GeneratedPicture]], Callable[[], None]]:
+        """Check and queue `job`; return its future and a function that stops it.
+
+        InvalidRequestError when the job does not fit the model, QueueFullError when the
+        queue is full, both before any work.
+        """
+        self.model.check(job)
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        task = _Task(self.model, job, on_step, deadline)
+        future = self.worker.submit(
+            Job(
+                prepare=task.prepare,
+                forward=_Task.forward,
+                finish=task.finish,
+                key="image",
+                size=1,
+                deadline=deadline,
+            )
+        )
+        return future, task.stop.set
+
+    async def run(self, job: ImageJob) -> list[GeneratedPicture]:
+        """Submit `job` and await its pictures; WorkerTimeoutError past the timeout."""
+        future, stop = self.submit(job)
+        waiter = asyncio.wrap_future(future)
+        try:
+            if self.timeout is None:
+                return await waiter
+            return await asyncio.wait_for(waiter, self.timeout)
+        except asyncio.TimeoutError:
+            stop()
+            future.cancel()
+            self.worker.stats.timeouts += 1
+            raise WorkerTimeoutError(
+                f"the image request timed out after {self.timeout:g} s"
+            ) from None
+        except asyncio.CancelledError:
+            stop()  # the client went away
+            future.cancel()
+            raise
