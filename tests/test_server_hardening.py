@@ -361,11 +361,13 @@ def test_engine_error_is_500_or_finish_reason_error(tokenizer: Any) -> None:
     )
     error = assert_error(plain, 500, "server_error")
     assert "<path>" in error["message"]  # the path is scrubbed
-    chunks = [json.loads(line[6:]) for line in streamed.text.split("\n\n") if line[6:7] == "{"]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "error"
-    assert streamed.text.endswith("data: [DONE]\n\n")
-    lines = [json.loads(line[6:]) for line in completion.text.split("\n\n") if line[6:7] == "{"]
-    assert lines[-1]["choices"][0]["finish_reason"] == "error"
+    # Mid-stream: the finish chunk says "error", then the OpenAI error event, then [DONE].
+    for text in (streamed.text, completion.text):
+        chunks = [json.loads(line[6:]) for line in text.split("\n\n") if line[6:7] == "{"]
+        assert chunks[-2]["choices"][0]["finish_reason"] == "error"
+        assert chunks[-1]["error"]["type"] == "server_error"
+        assert "<path>" in chunks[-1]["error"]["message"]
+        assert text.endswith("data: [DONE]\n\n")
 
 
 def test_engine_cancellation_never_reaches_a_client(tokenizer: Any) -> None:

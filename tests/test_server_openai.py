@@ -345,10 +345,10 @@ def test_request_counting(http: httpx.Client) -> None:
     assert http.post("/v1/chat/completions", json={**chat, "stream": True}).status_code == 200
     completion = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True, **greedy()}
     assert http.post("/v1/completions", json=completion).status_code == 200
-    # streaming /v1/completions is not recorded
+    # every route counts, streamed or not
     assert http.post("/v1/completions", json={**completion, "stream": True}).status_code == 200
-    assert metric(http, "mlxcel_requests_total") == before + 3
-    assert metric(http, "mlxcel_completion_tokens_total") == tokens_before + 6
+    assert metric(http, "mlxcel_requests_total") == before + 4
+    assert metric(http, "mlxcel_completion_tokens_total") == tokens_before + 8
 
 
 def test_priority_header(http: httpx.Client) -> None:

@@ -319,14 +319,23 @@ def test_metrics_counting(http: httpx.Client) -> None:
     body = {"prompt": "Count me", "n_predict": 3, "ignore_eos": True, "temperature": 0}
     result = http.post("/completion", json={**body, "cache_prompt": False}).json()
     after = metric_values(http)
-    # Native /completion is not a counted request (spec); the engine counters still move.
-    assert after["mlxcel_requests_total"] == before["mlxcel_requests_total"]
-    assert after["mlxcel_completion_tokens_total"] == before["mlxcel_completion_tokens_total"]
+    # Native /completion is counted like every route, from what its answer reports.
+    assert after["mlxcel_requests_total"] == before["mlxcel_requests_total"] + 1
+    assert after["mlxcel_completion_tokens_total"] == (
+        before["mlxcel_completion_tokens_total"] + result["tokens_predicted"]
+    )
+    assert after["mlxcel_prompt_tokens_total"] == (
+        before["mlxcel_prompt_tokens_total"] + result["tokens_evaluated"]
+    )
     done = "mlxcel_batch_sequences_completed"
     assert after[done] == before[done] + 1
     assert after["mlxcel_batch_sequences_started"] == before["mlxcel_batch_sequences_started"] + 1
     predicted = "llamacpp:tokens_predicted_total"
-    assert after[predicted] >= before[predicted] + 3
+    assert after[predicted] == before[predicted] + result["timings"]["predicted_n"] == (
+        before[predicted] + 3
+    )
+    processed = "llamacpp:prompt_tokens_total"
+    assert after[processed] == before[processed] + result["timings"]["prompt_n"]
     prefill = "mlxcel_batch_prefill_tokens_total"
     assert after[prefill] >= before[prefill] + result["tokens_evaluated"] - 1
     chat = {

@@ -24,7 +24,7 @@ from mlxcel.engine.errors import (
     RequestMemoryBudgetError,
 )
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
-from mlxcel.server.errors import APIError, bad_request, memory_budget_exceeded, server_busy
+from mlxcel.server.errors import bad_request, memory_budget_exceeded, server_busy
 
 
 class _Dispatcher:
@@ -217,18 +217,3 @@ class EngineClient:
         except InvalidRequestError as exc:
             raise bad_request(str(exc)) from exc
         return stream
-
-    async def complete(
-        self, request: GenerationRequest
-    ) -> tuple[str, GenerationEvent, list[GenerationEvent]]:
-        """Run `request` to the end: (text, final event, all events)."""
-        stream = self.open(request)
-        events: list[GenerationEvent] = []
-        async for event in stream:
-            events.append(event)
-        final = events[-1]
-        if final.finish_reason == "error":
-            raise APIError(
-                500, f"generation failed: {final.error or 'internal error'}", "server_error"
-            )
-        return "".join(e.text for e in events), final, events

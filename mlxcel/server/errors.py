@@ -8,6 +8,7 @@ under `--api-prefix`) answer in Anthropic's shape instead, with the same status 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +18,13 @@ from starlette.responses import JSONResponse
 from starlette.types import Scope
 
 RETRY_AFTER_SECONDS = "1"
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.\-~]+){2,}[\\/]?")
+
+
+def scrub_paths(message: str) -> str:
+    """`message` with anything shaped like a file-system path replaced by `<path>`."""
+    return _PATH.sub("<path>", message)
 
 
 class APIError(Exception):
@@ -126,9 +134,11 @@ def error_response(error: APIError, *, anthropic: bool = False) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
-def sse_error_data(message: str, type: str = "server_error") -> str:
-    """An error as one SSE `data:` line, for failures after a stream has started."""
-    return f"data: {json.dumps(error_body(message, type))}\n\n"
+def sse_error_data(error: APIError) -> str:
+    """`error` as one SSE `data:` event in the OpenAI error shape: how the OpenAI routes
+    tell a failure after their stream has started (the OpenAI SDKs raise on it)."""
+    body = error_body(error.message, error.type, error.code, **error.extra)
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 _STATUS_TYPES = {

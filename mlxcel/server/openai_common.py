@@ -1,11 +1,11 @@
-"""Pieces the OpenAI chat and completions serving layers share."""
+"""Request and answer pieces every generation route uses, whatever its API family:
+reading a JSON body, response ids and timestamps, the reported model name, and the OpenAI
+shapes (`usage`, logprob entries, the speculative `timings`) that several families reuse.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import re
 import secrets
 import string
 import time
@@ -16,22 +16,16 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
-from mlxcel.server.errors import APIError, bad_request, server_busy
+from mlxcel.server.errors import bad_request
+from mlxcel.server.errors import scrub_paths as scrub_paths  # re-exported (runner.py uses it)
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
-    from mlxcel.server.bridge import EngineStream
     from mlxcel.server.state import ServerState
 
 M = TypeVar("M", bound=BaseModel)
 
 _ID_ALPHABET = string.ascii_letters + string.digits
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.\-~]+){2,}[\\/]?")
-
-
-def scrub_paths(message: str) -> str:
-    """`message` with anything shaped like a file-system path replaced by `<path>`."""
-    return _PATH.sub("<path>", message)
 
 
 def new_id(prefix: str) -> str:
@@ -90,12 +84,6 @@ def usage_payload(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def client_finish_reason(event: GenerationEvent) -> str:
-    """The finish reason a client sees: `cancelled` (server shutdown) reads as `error`."""
-    reason = event.finish_reason or "stop"
-    return reason if reason in ("stop", "length") else "error"
-
-
 def _logprob_item(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
     return {
         "id": token_id,
@@ -113,58 +101,6 @@ def chat_logprobs(tokenizer: Tokenizer, items: list[TokenLogprob]) -> list[dict[
         entry["top_logprobs"] = [_logprob_item(tokenizer, t, lp) for t, lp in item.top]
         out.append(entry)
     return out
-
-
-def record_request(state: ServerState, final: GenerationEvent, seconds: float) -> None:
-    """Count one finished request for `/metrics` (the caller decides what counts)."""
-    counters = state.counters
-    counters.requests_total += 1
-    counters.prompt_tokens_total += final.prompt_tokens
-    counters.completion_tokens_total += final.completion_tokens
-    counters.generation_seconds_total += seconds
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def collect_events(stream: EngineStream, request: Request) -> list[GenerationEvent] | None:
-    """Run a non-streaming request to its end; None when the client went away first.
-
-    A client that disconnects cancels the sequence, so its slot frees at the next step.
-    """
-
-    async def gather() -> list[GenerationEvent]:
-        return [event async for event in stream]
-
-    work = asyncio.ensure_future(gather())
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await watcher
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await work
-            stream.close()
-    if work.cancelled():
-        return None
-    return work.result()
-
-
-def check_final(final: GenerationEvent) -> None:
-    """Turn a non-streaming request's failure into its HTTP error (500, or 503 at shutdown)."""
-    if final.finish_reason == "error":
-        detail = scrub_paths(final.error or "internal error")
-        raise APIError(500, f"generation failed: {detail}", "server_error")
-    if final.finish_reason == "cancelled":
-        raise server_busy("the server is shutting down")
 
 
 def speculative_timings(final: GenerationEvent) -> dict[str, Any]:

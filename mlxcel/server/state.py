@@ -11,18 +11,46 @@ from fastapi import Request
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.loading.model import ModelInfo
+    from mlxcel.engine.text.request import GenerationEvent
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.server.bridge import EngineClient
 
 
 @dataclass
 class RequestCounters:
-    """Counters kept by the HTTP layer, counted as the spec's `/metrics` says."""
+    """What `/metrics` sums over the generation requests that finished normally, on every
+    route, streamed or not: the same numbers their `usage` and `timings` report."""
 
     requests_total: int = 0
-    prompt_tokens_total: int = 0
-    completion_tokens_total: int = 0
-    generation_seconds_total: float = 0.0
+    prompt_tokens_total: int = 0  # usage.prompt_tokens
+    completion_tokens_total: int = 0  # usage.completion_tokens
+    generation_seconds_total: float = 0.0  # admission to the final event
+    prompt_tokens_processed: int = 0  # timings.prompt_n (cached tokens excluded)
+    prompt_tokens_cached: int = 0  # timings.cache_n
+    prompt_seconds_total: float = 0.0  # timings.prompt_ms
+    tokens_predicted: int = 0  # timings.predicted_n
+    predicted_seconds_total: float = 0.0  # timings.predicted_ms
+    draft_tokens: int = 0  # timings.draft_n
+    draft_tokens_accepted: int = 0  # timings.draft_n_accepted
+
+    def record(self, final: GenerationEvent, seconds: float) -> None:
+        """Count one request that finished normally with the final event `final`."""
+        self.requests_total += 1
+        self.prompt_tokens_total += final.prompt_tokens
+        self.completion_tokens_total += final.completion_tokens
+        self.generation_seconds_total += seconds
+        timings = final.timings
+        if timings is None:  # an engine without timings: usage is all there is
+            self.prompt_tokens_processed += final.prompt_tokens
+            self.tokens_predicted += final.completion_tokens
+            return
+        self.prompt_tokens_processed += timings.prompt_n
+        self.prompt_tokens_cached += timings.cache_n
+        self.prompt_seconds_total += timings.prompt_ms / 1000
+        self.tokens_predicted += timings.predicted_n
+        self.predicted_seconds_total += timings.predicted_ms / 1000
+        self.draft_tokens += timings.draft_n
+        self.draft_tokens_accepted += timings.draft_n_accepted
 
 
 @dataclass

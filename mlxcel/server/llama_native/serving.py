@@ -6,38 +6,29 @@ shapes llama-server sends (see `shared/spec/llama-server-samples.json`). No MLX 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
+from mlxcel.engine.text.request import GenerationRequest
 from mlxcel.server.errors import APIError, bad_request, server_busy
+from mlxcel.server.generation import Job
+from mlxcel.server.llama_native.encoder import NativeEncoder
 from mlxcel.server.llama_native.protocol import (
     InfillRequest,
     NativeCompletionRequest,
     PromptPart,
-    generation_settings,
-    project_fields,
     split_prompts,
 )
 from mlxcel.server.openai_common import (
-    chat_logprobs,
-    check_final,
-    collect_events,
     reported_model,
-    scrub_paths,
 )
 from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
-from mlxcel.server.sse import SSE_PING, event_stream, sse_data, with_keepalive
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
-    from mlxcel.server.bridge import EngineStream
     from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
     from mlxcel.server.state import ServerState
 
@@ -85,64 +76,6 @@ def check_token_ids(tokenizer: Tokenizer, ids: list[int]) -> None:
                 f"token id {token} is out of vocabulary range (vocab_size {vocab})",
                 "server_error",
             )
-
-
-def _stop_type(
-    final: GenerationEvent, request: GenerationRequest, text_of: Callable[[], str]
-) -> tuple[str, str]:
-    """(`stop_type`, `stopping_word`) as llama-server reports them.
-
-    The engine ends a sequence with `stop` on an end-of-generation token, a stop string or
-    a loop; a stop string is told apart by finding it in the generated text (`text_of()`,
-    the decoded tokens, the stop string included), unless the engine names it.
-    """
-    if final.finish_reason == "length":
-        return "limit", ""
-    word = getattr(final, "stop_word", None)
-    if word:
-        return "word", str(word)
-    if request.stop:
-        text = text_of()
-        ends = [(text.find(s) + len(s), -len(s), s) for s in request.stop if s in text]
-        if ends:
-            return "word", min(ends)[2]
-    return "eos", ""
-
-
-class _SlotWatch:
-    """Wraps an engine stream and notes the slot that serves it, at its first event."""
-
-    def __init__(self, stream: EngineStream, state: ServerState) -> None:
-        self.stream = stream
-        self.request = stream.request
-        self._state = state
-        self.slot = -1
-        self._looked = False
-
-    def _locate(self) -> None:
-        if self._looked or self._state.client is None:
-            return
-        self._looked = True  # the job holds a slot while it emits: one look is enough
-        request_id = self.request.request_id
-        for slot in self._state.client.engine.snapshot().slots:
-            if slot.request_id == request_id:
-                self.slot = slot.id
-                return
-
-    def __aiter__(self) -> AsyncIterator[GenerationEvent]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[GenerationEvent]:
-        async for event in self.stream:
-            slot = getattr(event, "slot", None)  # the engine may name it on every event
-            if isinstance(slot, int) and slot >= 0:
-                self.slot = slot
-            elif self.slot < 0 and not event.finished:
-                self._locate()  # best effort: a short job may be gone already
-            yield event
-
-    def close(self) -> None:
-        self.stream.close()
 
 
 class NativeServing:
@@ -244,164 +177,12 @@ class NativeServing:
         *,
         single: bool,
     ) -> Response:
-        client = self.state.client
-        assert client is not None
         body.resolve_logit_bias(self.tokenizer)
         requests = [self._request(body, tokens, raw) for tokens in token_lists]
-        streams: list[_SlotWatch] = []
-        try:
-            for request in requests:  # 400/503 here, before any SSE header
-                streams.append(_SlotWatch(client.open(request), self.state))
-        except BaseException:
-            for opened in streams:
-                opened.close()
-            raise
+        job = Job.admit(self.state, requests)  # 400/503 here, before any SSE header
         model = reported_model(self.state, body.model)
-        if body.stream:
-
-            def close_all() -> None:
-                for opened in streams:
-                    opened.close()
-
-            return event_stream(self._stream(body, streams, model), on_close=close_all)
-        results: list[dict[str, Any]] = []
-        try:
-            for index, watch in enumerate(streams):  # all run at once; read them in order
-                result = await self._collect(body, index, watch, raw, model)
-                if result is None:
-                    return Response(status_code=499)  # the client is gone; nobody reads this
-                results.append(result)
-        finally:
-            for watch in streams:
-                watch.close()
-        return JSONResponse(results[0] if single else results)
-
-    async def _collect(
-        self, body: NativeCompletionRequest, index: int, watch: _SlotWatch, raw: Request, model: str
-    ) -> dict[str, Any] | None:
-        events = await collect_events(watch, raw)  # type: ignore[arg-type]
-        if events is None:
-            return None
-        final = events[-1]
-        check_final(final)
-        return self._result(body, index, watch, events, final, model)
-
-    def _result(
-        self,
-        body: NativeCompletionRequest,
-        index: int,
-        watch: _SlotWatch,
-        events: list[GenerationEvent],
-        final: GenerationEvent,
-        model: str,
-        *,
-        content: str | None = None,
-        token_ids: list[int] | None = None,
-    ) -> dict[str, Any]:
-        """The full llama-server result object (also the last event of a stream)."""
-        tokenizer = self.tokenizer
-        request = watch.request
-        text = "".join(e.text for e in events) if content is None else content
-        ids = [t for e in events for t in e.token_ids] if token_ids is None else token_ids
-        stop_type, stopping_word = _stop_type(
-            final, request, lambda: tokenizer.decode(ids, skip_special=True)
-        )
-        n_predict = body.token_limit()
-        out: dict[str, Any] = {
-            "index": index,
-            "content": text,
-            "tokens": ids if body.return_tokens and content is None else [],
-            "id_slot": watch.slot,
-            "stop": True,
-            "model": model,
-            "tokens_predicted": final.completion_tokens,
-            "tokens_evaluated": final.prompt_tokens,
-            "generation_settings": generation_settings(
-                request.sampling,
-                settings=self.state.settings,
-                n_predict=-1 if n_predict is None else n_predict,
-                stream=body.stream,
-                n_probs=body.n_probs,
-                stop=request.stop,
-                ignore_eos=request.ignore_eos,
-            ),
-            "prompt": tokenizer.decode(request.prompt_tokens),
-            "has_new_line": "\n" in text,
-            "truncated": self._filled_context(final, request),
-            "stop_type": stop_type,
-            "stopping_word": stopping_word,
-            "tokens_cached": max(0, final.prompt_tokens + final.completion_tokens - 1),
-            "timings": final.timings.to_dict() if final.timings is not None else {},
-        }
-        if body.n_probs > 0 and content is None:
-            out["completion_probabilities"] = chat_logprobs(
-                tokenizer, [lp for e in events for lp in e.logprobs]
-            )
-        return project_fields(out, body.response_fields) if body.response_fields else out
-
-    def _filled_context(self, final: GenerationEvent, request: GenerationRequest) -> bool:
-        """llama-server's `truncated`: generation stopped because the slot's context is full
-        (not at the request's own token limit)."""
-        client = self.state.client
-        n_ctx = int(getattr(client.engine, "context_per_slot", 0)) if client is not None else 0
-        if final.finish_reason != "length" or n_ctx <= 0:
-            return False
-        if request.max_tokens is not None and final.completion_tokens >= request.max_tokens:
-            return False
-        return final.prompt_tokens + final.completion_tokens >= n_ctx
-
-    async def _stream(
-        self, body: NativeCompletionRequest, streams: list[_SlotWatch], model: str
-    ) -> AsyncIterator[str]:
-        tokenizer = self.tokenizer
-        predicted = [0] * len(streams)
-        generated: list[list[int]] = [[] for _ in streams]
-        try:
-            merged = _merge(streams)
-            async for item in with_keepalive(merged, self.state.settings.sse_ping_interval):
-                if item is None:
-                    yield SSE_PING
-                    continue
-                index, event = item
-                watch = streams[index]
-                if event.finished:
-                    if event.finish_reason in ("error", "cancelled"):
-                        detail = (
-                            scrub_paths(event.error or "internal error")
-                            if event.finish_reason == "error"
-                            else "the server is shutting down"
-                        )
-                        yield sse_data({"error": _error_object(detail)})
-                        return
-                    if event.text:
-                        yield sse_data(self._chunk(index, watch, event, predicted[index]))
-                    yield sse_data(self._result(body, index, watch, [], event, model, content=""))
-                    continue
-                predicted[index] += len(event.token_ids)
-                generated[index].extend(event.token_ids)
-                chunk = self._chunk(index, watch, event, predicted[index])
-                if body.n_probs > 0:
-                    chunk["completion_probabilities"] = chat_logprobs(
-                        tokenizer, list(event.logprobs)
-                    )
-                yield sse_data(chunk)
-        finally:
-            for watch in streams:
-                watch.close()
-
-    @staticmethod
-    def _chunk(
-        index: int, watch: _SlotWatch, event: GenerationEvent, predicted: int
-    ) -> dict[str, Any]:
-        return {
-            "index": index,
-            "content": event.text,
-            "tokens": list(event.token_ids),
-            "stop": False,
-            "id_slot": -1,
-            "tokens_predicted": predicted,
-            "tokens_evaluated": len(watch.request.prompt_tokens),
-        }
+        encoder = NativeEncoder(self.state, body, requests, model, single=single)
+        return await job.respond(raw, encoder, stream=body.stream)
 
     # ----------------------------------------------------------- tokenizer routes
 
@@ -441,37 +222,3 @@ def _logprobs_wanted(body: NativeCompletionRequest) -> int | None:
         return body.n_probs
     wanted = body.stream or body.return_tokens or body.stop_strings()
     return 0 if wanted else None
-
-
-def _error_object(message: str) -> dict[str, Any]:
-    return {"message": message, "type": "server_error", "code": None}
-
-
-async def _merge(
-    streams: list[_SlotWatch],
-) -> AsyncIterator[tuple[int, GenerationEvent]]:
-    """Events of several streams as `(index, event)`, in arrival order."""
-    if len(streams) == 1:
-        async for event in streams[0]:
-            yield 0, event
-        return
-    queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
-
-    async def pump(index: int, watch: _SlotWatch) -> None:
-        async for event in watch:
-            await queue.put((index, event))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    remaining = len(streams)
-    try:
-        while remaining:
-            index, event = await queue.get()
-            yield index, event
-            if event.finished:
-                remaining -= 1
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task

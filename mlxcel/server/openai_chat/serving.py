@@ -4,47 +4,24 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from mlxcel.engine.chat.messages import strip_think_blocks
 from mlxcel.engine.chat.tool_calls.base import ParseResult
-from mlxcel.engine.chat.tool_calls.output import finish_reason
 from mlxcel.engine.prompting import PromptError, render_chat
-from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
 from mlxcel.engine.text.thinking_budget import ThinkingBudget
-from mlxcel.server.errors import bad_request, server_busy
+from mlxcel.server.errors import bad_request, scrub_paths, server_busy
+from mlxcel.server.generation import Job
+from mlxcel.server.openai_chat.encoder import ChatEncoder
 from mlxcel.server.openai_chat.output_plan import REASONING_FORMATS, OutputPlan, plan_output
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
-from mlxcel.server.openai_common import (
-    chat_logprobs,
-    check_final,
-    client_finish_reason,
-    collect_events,
-    envelope,
-    new_id,
-    now,
-    record_request,
-    reported_model,
-    scrub_paths,
-    speculative_timings,
-    usage_payload,
-)
+from mlxcel.server.openai_common import new_id, now, reported_model
 from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
-from mlxcel.server.sse import (
-    SSE_DONE,
-    SSE_PING,
-    event_stream,
-    sse_data,
-    sse_template,
-    with_keepalive,
-)
 from mlxcel.server.structured import compile_response_format, compile_tool_choice
 
 if TYPE_CHECKING:
@@ -52,26 +29,31 @@ if TYPE_CHECKING:
     from mlxcel.server.state import ServerState
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass
 class ChatJob:
-    """An admitted chat request: its engine stream and the parsers its output goes through."""
+    """An admitted chat request: its generation job and the parsers its output goes through."""
 
-    stream: EngineStream
+    job: Job
     plan: OutputPlan
-    started: float
     prompt_tokens: int
     forced: bool = False
+
+    @property
+    def stream(self) -> EngineStream:
+        """The engine stream of the (single) sequence."""
+        return self.job.streams[0]
 
     def check_forced(self, result: ParseResult) -> None:
         """Log at warn when a forced tool_choice ended without a call."""
         if self.forced and not result.calls:
             log.warning(
                 "request %s: tool_choice forced a call but the model made none",
-                self.stream.request.request_id,
+                self.job.request.request_id,
             )
 
-
-log = logging.getLogger(__name__)
 
 REQUIRED_TOOL_DIRECTIVE = "You must call at least one of the provided functions."
 NAMED_TOOL_DIRECTIVE = "You must call the function `{name}`."
@@ -293,7 +275,6 @@ class ChatServing:
         """
         state = self.state
         assert state.client is not None and state.tokenizer is not None
-        body.check_n()
         grammar = await compile_response_format(state, body.with_json_schema(body.response_format))
         if grammar is not None and _forced_tool_choice(body.tool_choice):
             raise bad_request(
@@ -336,11 +317,8 @@ class ChatServing:
             )
         # Tool-call and reasoning markers are often special tokens: the parser must see them.
         request.skip_special = not plan.active
-        started = time.perf_counter()
-        stream = state.client.open(request)  # 400/503 here, before any SSE header
-        return ChatJob(
-            stream=stream, plan=plan, started=started, prompt_tokens=len(tokens), forced=forced
-        )
+        job = Job.admit(state, [request])  # 400/503 here, before any SSE header
+        return ChatJob(job=job, plan=plan, prompt_tokens=len(tokens), forced=forced)
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         """Answer one request: JSON, or an SSE stream once admission succeeded."""
@@ -350,10 +328,10 @@ class ChatServing:
             "created": now(),
             "model": reported_model(self.state, body.model),
         }
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return event_stream(self._stream(job, meta, include_usage), on_close=job.stream.close)
-        return await self._complete(job, meta, raw)
+        assert self.state.tokenizer is not None
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        encoder = ChatEncoder(job, self.state.tokenizer, meta, include_usage=include_usage)
+        return await job.job.respond(raw, encoder, stream=body.stream)
 
     async def prompt_text(self, body: ChatCompletionRequest) -> str:
         """The templated prompt as text (what POST /apply-template answers); 400 on errors."""
@@ -403,114 +381,3 @@ class ChatServing:
             raise server_busy("loading model")
         tokens = await self.prompt_tokens(body)
         return {"input_tokens": len(tokens), "object": "response.input_tokens"}
-
-    async def _complete(self, job: ChatJob, meta: dict[str, Any], raw: Request) -> Response:
-        stream, plan, started = job.stream, job.plan, job.started
-        events = await collect_events(stream, raw)
-        if events is None:  # the client is gone; nobody reads this
-            return Response(status_code=499)
-        final = events[-1]
-        check_final(final)
-        record_request(self.state, final, time.perf_counter() - started)
-        logprobs: list[TokenLogprob] = [lp for e in events for lp in e.logprobs]
-        assert self.state.tokenizer is not None
-        result = plan.parse("".join(e.text for e in events))
-        job.check_forced(result)
-        return JSONResponse(
-            {
-                **envelope(meta, "chat.completion"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": plan.message(result),
-                        "finish_reason": finish_reason(result, client_finish_reason(final)),
-                        "logprobs": {"content": chat_logprobs(self.state.tokenizer, logprobs)}
-                        if stream.request.logprobs is not None
-                        else None,
-                    }
-                ],
-                "usage": usage_payload(final.prompt_tokens, final.completion_tokens),
-                **speculative_timings(final),
-            }
-        )
-
-    def _chunk(
-        self,
-        meta: dict[str, Any],
-        delta: dict[str, Any],
-        finish_reason: str | None = None,
-        logprobs: dict[str, Any] | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> str:
-        return sse_data(
-            {
-                **envelope(meta, "chat.completion.chunk"),
-                **(extra or {}),
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": delta,
-                        "finish_reason": finish_reason,
-                        "logprobs": logprobs,
-                    }
-                ],
-            }
-        )
-
-    async def _stream(
-        self, job: ChatJob, meta: dict[str, Any], include_usage: bool
-    ) -> AsyncIterator[str]:
-        stream, plan, started = job.stream, job.plan, job.started
-        tokenizer = self.state.tokenizer
-        assert tokenizer is not None
-        want_logprobs = stream.request.logprobs is not None
-        out = plan.stream(meta["id"])
-        content_chunk = sse_template(lambda text: self._chunk(meta, {"content": text}))
-        try:
-            yield self._chunk(meta, {"role": "assistant"})
-            final: GenerationEvent | None = None
-            async for event in with_keepalive(stream, self.state.settings.sse_ping_interval):
-                if event is None:
-                    yield SSE_PING
-                    continue
-                logprobs = (
-                    {"content": chat_logprobs(tokenizer, list(event.logprobs))}
-                    if want_logprobs and event.logprobs
-                    else None
-                )
-                pieces = out.feed(event.text) if event.text else []
-                if logprobs is not None:
-                    # One SSE position per generated token: a placeholder when all is held.
-                    first, *rest = pieces or [{"content": ""}]
-                    yield self._chunk(meta, first, logprobs=logprobs)
-                    pieces = rest
-                for piece in pieces:
-                    text = piece.get("content") if len(piece) == 1 else None
-                    yield content_chunk(text) if type(text) is str else self._chunk(meta, piece)
-                if event.finished:
-                    final = event  # the stream ends right after its finishing event
-            if final is None:
-                return
-            for piece in out.finish():
-                yield self._chunk(meta, piece)
-            engine_reason = client_finish_reason(final)
-            if engine_reason != "error":
-                # Counted once, when generation ends (client-cancelled streams never get here).
-                record_request(self.state, final, time.perf_counter() - started)
-            assert out.result is not None
-            job.check_forced(out.result)
-            last: dict[str, Any] = {"reasoning_only": True} if out.reasoning_only else {}
-            yield self._chunk(
-                meta,
-                last,
-                finish_reason(out.result, engine_reason),
-                extra=speculative_timings(final),
-            )
-            if include_usage:
-                usage = usage_payload(final.prompt_tokens, final.completion_tokens)
-                yield sse_data(
-                    {**envelope(meta, "chat.completion.chunk"), "choices": [], "usage": usage}
-                )
-            yield SSE_DONE
-        finally:
-            stream.close()

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,18 +22,11 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlxcel.engine.text.request import GenerationEvent
 from mlxcel.server.errors import APIError, server_busy
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
-from mlxcel.server.openai_chat.serving import ChatJob, ChatServing
+from mlxcel.server.openai_chat.serving import ChatServing
 from mlxcel.server.openai_common import (
-    check_final,
-    collect_events,
-    new_id,
-    now,
-    record_request,
     reported_model,
-    scrub_paths,
 )
 from mlxcel.server.openai_responses.compaction import (
     CompactionAborted,
@@ -48,12 +39,10 @@ from mlxcel.server.openai_responses.compaction import (
     parse_compact_request,
     parse_context_management,
 )
-from mlxcel.server.openai_responses.events import EventWriter
+from mlxcel.server.openai_responses.encoder import ResponseEncoder
 from mlxcel.server.openai_responses.items import input_items, invalid_request, items_to_messages
-from mlxcel.server.openai_responses.output import OutputAssembler
 from mlxcel.server.openai_responses.protocol import RESPONSES_FIELDS, ResponsesRequest
-from mlxcel.server.openai_responses.store import InFlight, ResponseStores, StoredResponse
-from mlxcel.server.sse import SSE_PING, event_stream, with_keepalive
+from mlxcel.server.openai_responses.store import ResponseStores, StoredResponse
 
 if TYPE_CHECKING:
     from mlxcel.server.state import ServerState
@@ -383,12 +372,11 @@ class ResponsesServing:
         except ValidationError as exc:
             raise invalid_request(f"invalid generation request: {exc.errors()[0]['msg']}") from None
         job = await self.chat.start(body, raw)
-        events = await collect_events(job.stream, raw)
-        if events is None:
+        results = await job.job.collect(raw)  # counted there; 500/503 when it failed
+        if results is None:
             return None
+        events = results[0]
         final = events[-1]
-        check_final(final)
-        record_request(self.state, final, time.perf_counter() - job.started)
         result = job.plan.parse("".join(e.text for e in events))
         return GeneratedText(
             text=result.content,
@@ -408,10 +396,8 @@ class ResponsesServing:
         if threshold is not None:
             compaction = await self._manage_context(prepared, threshold, raw)
         job = await self.chat.start(prepared.chat, raw)
-        run = _Run(self, prepared, job, compaction)
-        if body.stream:
-            return event_stream(run.stream(), on_close=run.close)
-        return await run.complete(raw)
+        encoder = ResponseEncoder(self, prepared, job, compaction)
+        return await job.job.respond(raw, encoder, stream=body.stream)
 
     def context_window(self) -> int:
         """Tokens one request may hold (the per-slot context)."""
@@ -545,254 +531,3 @@ class ResponsesServing:
         stored = self._stored(response_id)
         stored.response["status"] = "cancelled"
         return stored.response
-
-
-class _Run:
-    """One admitted create request, streamed or not."""
-
-    def __init__(
-        self,
-        serving: ResponsesServing,
-        prepared: Prepared,
-        job: ChatJob,
-        compaction: CompactionResult | None = None,
-    ) -> None:
-        self.serving = serving
-        self.compaction = compaction
-        self.state = serving.state
-        self.prepared = prepared
-        self.job = job
-        self.id = new_id("resp_")
-        self.created_at = now()
-        self.assembler = OutputAssembler()
-        if compaction is not None:  # the output starts with the compaction item
-            self.assembler.items.append(dict(compaction.item))
-        stores = serving.stores
-        self.store = prepared.body.store and stores.responses.enabled
-        self.inflight = InFlight(job.stream)
-        self.settled = False
-        self.final_response: dict[str, Any] = {}
-        if self.store:
-            stores.inflight[self.id] = self.inflight
-            stores.responses.put(
-                self.id,
-                StoredResponse(self.response("in_progress"), [], self._request_fields()),
-            )
-
-    def _request_fields(self) -> dict[str, Any]:
-        body = self.prepared.body
-        return {"context_management": body.context_management} if body.context_management else {}
-
-    # ------------------------------------------------------------ the object
-
-    def response(
-        self,
-        status: str,
-        *,
-        usage: dict[str, Any] | None = None,
-        error: dict[str, Any] | None = None,
-        incomplete: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """The response object with `status` and the output built so far."""
-        body = self.prepared.body
-        reasoning = body.reasoning or {}
-        text: dict[str, Any] = {**(body.text or {})}
-        text.setdefault("format", {"type": "text"})
-        out: dict[str, Any] = {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "background": False,
-            "completed_at": now() if status in ("completed", "incomplete") else None,
-            "error": error,
-            "incomplete_details": incomplete,
-            "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens,
-            "max_tool_calls": (body.model_extra or {}).get("max_tool_calls"),
-            "model": reported_model(self.state, body.model),
-            "output": [dict(item) for item in self.assembler.items],
-            "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-            "store": self.store,
-            "temperature": body.temperature,
-            "text": text,
-            "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-            "tools": list(body.tools or []),
-            "top_p": body.top_p,
-            "truncation": "disabled",
-            "usage": usage,
-            "user": (body.model_extra or {}).get("user"),
-            "metadata": dict(body.metadata or {}),
-            "conversation": (
-                {"id": self.prepared.conversation} if self.prepared.conversation else None
-            ),
-        }
-        if body.context_management is not None:
-            out["context_management"] = body.context_management
-        return out
-
-    def _usage(self, final: GenerationEvent) -> dict[str, Any]:
-        reasoning = "".join(
-            part.get("text", "")
-            for item in self.assembler.items
-            if item["type"] == "reasoning"
-            for part in item["content"]
-        )
-        reasoning_tokens = 0
-        tokenizer = self.state.tokenizer
-        if reasoning and tokenizer is not None:
-            reasoning_tokens = min(
-                len(tokenizer.encode(reasoning, add_special=False)), final.completion_tokens
-            )
-        cached = final.timings.cache_n if final.timings is not None else 0
-        return {
-            "input_tokens": final.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": final.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-            "total_tokens": final.prompt_tokens + final.completion_tokens,
-        }
-
-    def _outcome(
-        self, final: GenerationEvent
-    ) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
-        """(status, incomplete_details, error) for the engine's final event."""
-        reason = final.finish_reason
-        if self.inflight.cancelled and reason == "cancelled":
-            return "cancelled", None, None
-        if reason == "length":
-            return "incomplete", {"reason": "max_output_tokens"}, None
-        if reason == "error":
-            message = f"generation failed: {scrub_paths(final.error or 'internal error')}"
-            return "failed", None, {"code": "server_error", "message": message}
-        if reason == "cancelled":
-            return (
-                "failed",
-                None,
-                {"code": "server_error", "message": "the server is shutting down"},
-            )
-        return "completed", None, None
-
-    def settle(self, response: dict[str, Any]) -> None:
-        """Store the final `response`, extend its conversation, release cancel waiters."""
-        if self.settled:
-            return
-        self.settled = True
-        stores = self.serving.stores
-        prepared = self.prepared
-        output = list(response["output"])
-        if self.store and not self.inflight.deleted:
-            history = prepared.history + prepared.items + output
-            stores.responses.put(self.id, StoredResponse(response, history, self._request_fields()))
-        status = response["status"]
-        if prepared.conversation is not None and status in ("completed", "incomplete"):
-            current = stores.conversations.get(prepared.conversation) or []
-            stores.conversations.put(prepared.conversation, current + prepared.items + output)
-        stores.inflight.pop(self.id, None)
-        self.inflight.done.set()
-
-    def close(self) -> None:
-        """The streamed response ended, however: stop the engine job if it still runs and
-        settle a stored response left unfinished (a client gone before the first event)."""
-        self.job.stream.close()
-        self._abandon("cancelled")
-
-    def _abandon(self, status: str) -> None:
-        """Settle a run that ended without its final event (client gone, handler error)."""
-        if not self.settled:
-            self.assembler.finish("incomplete")
-            self.settle(self.response(status))
-
-    def _feed(self, out: Any, text: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        for delta in out.feed(text) if text else ():
-            events += self.assembler.feed(delta)
-        return events
-
-    def _finish(self, out: Any, final: GenerationEvent) -> tuple[list[dict[str, Any]], str]:
-        """Closing events and the final response for `final`; the lifecycle event type."""
-        events: list[dict[str, Any]] = []
-        for delta in out.finish():
-            events += self.assembler.feed(delta)
-        status, incomplete, error = self._outcome(final)
-        events += self.assembler.finish("completed" if status == "completed" else "incomplete")
-        if out.result is not None:
-            self.job.check_forced(out.result)
-        if final.finish_reason in ("stop", "length"):
-            record_request(self.state, final, time.perf_counter() - self.job.started)
-        response = self.response(
-            status, usage=self._usage(final), error=error, incomplete=incomplete
-        )
-        self.settle(response)
-        kind = {"completed": "completed", "failed": "failed"}.get(status, "incomplete")
-        self.final_response = response
-        return events, kind
-
-    # ------------------------------------------------------------ delivery
-
-    async def complete(self, raw: Request) -> Response:
-        """Run to the end and answer with the response object."""
-        try:
-            events = await collect_events(self.job.stream, raw)
-            if events is None:  # the client is gone; nobody reads this
-                self._abandon("cancelled")
-                return Response(status_code=499)
-            final = events[-1]
-            if final.finish_reason in ("error", "cancelled") and not self.inflight.cancelled:
-                self._abandon("failed")
-                check_final(final)
-            out = self.job.plan.stream(self.id)
-            self._feed(out, "".join(e.text for e in events))
-            self._finish(out, final)
-            return JSONResponse(self.final_response)
-        finally:
-            self._abandon("failed")
-
-    def _compaction_events(self) -> list[dict[str, Any]]:
-        """mlx.compaction.started/completed and the compaction item's own item events."""
-        assert self.compaction is not None
-        item = dict(self.compaction.item)
-        before = self.compaction.input_tokens_before
-        return [
-            {"type": "mlx.compaction.started", "input_tokens_before": before},
-            {"type": "response.output_item.added", "output_index": 0, "item": item},
-            {"type": "response.output_item.done", "output_index": 0, "item": item},
-            {
-                "type": "mlx.compaction.completed",
-                "input_tokens_before": before,
-                "input_tokens_after": self.compaction.input_tokens_after,
-            },
-        ]
-
-    async def stream(self) -> AsyncIterator[str]:
-        """The typed SSE events of this response, from `response.created` to its end."""
-        writer = EventWriter()
-        out = self.job.plan.stream(self.id)
-        stream = self.job.stream
-        try:
-            yield writer.lifecycle("created", self.response("in_progress"))
-            yield writer.lifecycle("in_progress", self.response("in_progress"))
-            if self.compaction is not None:
-                for compaction_event in self._compaction_events():
-                    yield writer.sse(compaction_event)
-            final: GenerationEvent | None = None
-            interval = self.state.settings.sse_ping_interval
-            async for event in with_keepalive(stream, interval):
-                if event is None:
-                    yield SSE_PING
-                    continue
-                for item_event in self._feed(out, event.text):
-                    yield writer.sse(item_event)
-                if event.finished:
-                    final = event
-            if final is None:
-                return
-            events, kind = self._finish(out, final)
-            for item_event in events:
-                yield writer.sse(item_event)
-            yield writer.lifecycle(kind, self.final_response)
-        finally:
-            stream.close()
-            self._abandon("cancelled")

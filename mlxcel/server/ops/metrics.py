@@ -1,7 +1,10 @@
 """Prometheus text for GET /metrics: the spec's `mlxcel_*` families and llama-server's own.
 
 The `mlxcel_*` names, help and types are the spec's; the `llamacpp:*` families carry
-llama-server's names so that dashboards built for it keep working.
+llama-server's names so that dashboards built for it keep working. The request and token
+counters of both are the sums of what the finished requests' `usage` and `timings` said
+(`RequestCounters`, counted by `mlxcel.server.generation` on every route); the slot, queue
+and batch families come from the engine's snapshot.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def _rate(amount: float, seconds: float) -> float:
 
 
 def collect(state: ServerState) -> list[Family]:
-    """Every family, read from the HTTP counters, the engine snapshot and the prompt cache."""
+    """Every family, read from the request counters and the engine snapshot."""
     http = state.counters
     n_slots = busy = queued = 0
     engine: Any = None
@@ -69,14 +72,12 @@ def collect(state: ServerState) -> list[Family]:
         value = getattr(engine, name, default) if engine is not None else default
         return value if isinstance(value, (int, float)) else default
 
-    cache = state.prompt_cache
-    cached_tokens = int(getattr(cache, "tokens_reused", 0)) if cache is not None else 0
     prefill_tokens = engine_value("prefill_tokens_total")
     decode_tokens = engine_value("decode_tokens_total")
-    prompt_seconds = engine_value("prompt_seconds_total", 0.0)
-    decode_seconds = engine_value("decode_seconds_total", 0.0)
     decode_steps = engine_value("decode_steps")
     busy_per_decode = engine_value("busy_slots_per_decode_total")
+    prompt_seconds = float(http.prompt_seconds_total)
+    predicted_seconds = float(http.predicted_seconds_total)
 
     ours = [
         Family(
@@ -139,31 +140,31 @@ def collect(state: ServerState) -> list[Family]:
             "llamacpp:prompt_tokens_total",
             "counter",
             "Number of prompt tokens processed, excluding cached tokens",
-            prefill_tokens,
+            http.prompt_tokens_processed,
         ),
         Family(
             "llamacpp:prompt_tokens_cached_total",
             "counter",
             "Number of prompt tokens reused from the cache",
-            cached_tokens,
+            http.prompt_tokens_cached,
         ),
         Family(
             "llamacpp:prompt_seconds_total",
             "counter",
             "Total time spent processing prompts",
-            float(prompt_seconds),
+            prompt_seconds,
         ),
         Family(
             "llamacpp:tokens_predicted_total",
             "counter",
             "Number of generation tokens processed",
-            decode_tokens,
+            http.tokens_predicted,
         ),
         Family(
             "llamacpp:tokens_predicted_seconds_total",
             "counter",
             "Total time spent generating tokens",
-            float(decode_seconds),
+            predicted_seconds,
         ),
         Family(
             "llamacpp:n_decode_total",
@@ -181,13 +182,13 @@ def collect(state: ServerState) -> list[Family]:
             "llamacpp:spec_decode_num_draft_tokens_total",
             "counter",
             "Speculative: total draft tokens generated",
-            0,
+            http.draft_tokens,
         ),
         Family(
             "llamacpp:spec_decode_num_accepted_tokens_total",
             "counter",
             "Speculative: total draft tokens accepted by the target model",
-            0,
+            http.draft_tokens_accepted,
         ),
         Family(
             "llamacpp:n_busy_slots_per_decode",
@@ -199,13 +200,13 @@ def collect(state: ServerState) -> list[Family]:
             "llamacpp:prompt_tokens_seconds",
             "gauge",
             "Average prompt throughput in tokens/s",
-            _rate(prefill_tokens, prompt_seconds),
+            _rate(http.prompt_tokens_processed, prompt_seconds),
         ),
         Family(
             "llamacpp:predicted_tokens_seconds",
             "gauge",
             "Average generation throughput in tokens/s",
-            _rate(decode_tokens, decode_seconds),
+            _rate(http.tokens_predicted, predicted_seconds),
         ),
         Family(
             "llamacpp:requests_processing",

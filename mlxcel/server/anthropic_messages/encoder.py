@@ -1,0 +1,248 @@
+"""Messages answers on the wire: engine events → Anthropic content blocks, JSON or SSE.
+
+The request is translated (`convert`) and admitted by the chat path (`ChatServing.start`);
+its life is `generation.Job`'s. Its output goes through the chat output plan; the plan's
+pieces (reasoning, content, tool-call fragments) become `thinking`, `text` and `tool_use`
+blocks. A failure after the stream started is an `error` event, Anthropic's way, and the
+stream ends there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mlxcel.engine.text.request import GenerationEvent
+from mlxcel.server.anthropic_messages.convert import anthropic_tool_id
+from mlxcel.server.anthropic_messages.protocol import (
+    StopReason,
+    message_object,
+    text_block,
+    thinking_block,
+    tool_use_block,
+    usage,
+)
+from mlxcel.server.errors import APIError, anthropic_error_type
+from mlxcel.server.generation import Encoder
+from mlxcel.server.sse import dumps, sse_template
+
+if TYPE_CHECKING:
+    from mlxcel.server.openai_chat.serving import ChatJob
+
+log = logging.getLogger(__name__)
+
+
+def sse_event(name: str, payload: dict[str, Any]) -> str:
+    """One named SSE event, as the Messages API streams them."""
+    return f"event: {name}\ndata: {dumps(payload)}\n\n"
+
+
+SSE_PING = sse_event("ping", {"type": "ping"})
+
+
+def stop_reason(
+    engine_reason: str, made_calls: bool, stop_word: str | None, stop_sequences: Sequence[str]
+) -> tuple[StopReason, str | None]:
+    """(`stop_reason`, `stop_sequence`) for a generation that ended with `engine_reason`."""
+    if engine_reason == "length":
+        return "max_tokens", None
+    if made_calls:
+        return "tool_use", None
+    if stop_word is not None and stop_word in stop_sequences:
+        return "stop_sequence", stop_word
+    return "end_turn", None
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's JSON arguments as the `input` object (empty when they are not an object)."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        log.warning("tool call arguments are not a JSON object: %.200r", arguments)
+        return {}
+    return value
+
+
+def content_blocks(message: dict[str, Any], with_thinking: bool = True) -> list[dict[str, Any]]:
+    """The content blocks of a chat `message` (thinking, text, tool_use; never empty)."""
+    blocks: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content")
+    if with_thinking and reasoning:
+        blocks.append(thinking_block(reasoning))
+    if message.get("content"):
+        blocks.append(text_block(message["content"]))
+    for call in message.get("tool_calls") or []:
+        function = call["function"]
+        blocks.append(
+            tool_use_block(
+                anthropic_tool_id(call["id"]), function["name"], tool_input(function["arguments"])
+            )
+        )
+    return blocks or [text_block("")]
+
+
+class BlockEvents:
+    """Turns chat stream pieces into content-block events, one block open at a time.
+
+    `feed(pieces)` returns the SSE events the pieces make (a block starts when the kind of
+    output changes: thinking, text, or a new tool call); `close()` ends the last block, or
+    sends one empty text block when the answer had none.
+    """
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None
+        self.tool_blocks: dict[int, int] = {}  # chat call index -> block index
+        self._text_delta: Callable[[str], str] | None = None
+
+    def feed(self, pieces: Sequence[dict[str, Any]]) -> list[str]:
+        """The events for a list of chat `delta` objects."""
+        out: list[str] = []
+        for piece in pieces:
+            if piece.get("reasoning_content"):
+                out += self._text("thinking", piece["reasoning_content"])
+            if piece.get("content"):
+                out += self._text("text", piece["content"])
+            for call in piece.get("tool_calls") or []:
+                out += self._call(call)
+        return out
+
+    def close(self) -> list[str]:
+        """The events that end the content: the last block's stop."""
+        out = self._start("text", text_block("")) if self.index < 0 else []
+        return out + self._stop()
+
+    def _text(self, kind: str, text: str) -> list[str]:
+        out: list[str] = []
+        if self.open != kind:
+            out += self._start(kind, thinking_block("") if kind == "thinking" else text_block(""))
+        if kind == "text":
+            assert self._text_delta is not None
+            out.append(self._text_delta(text))
+        else:
+            out.append(self._delta({"type": "thinking_delta", "thinking": text}))
+        return out
+
+    def _call(self, call: dict[str, Any]) -> list[str]:
+        out: list[str] = []
+        chat_index = int(call.get("index", 0))
+        function = call.get("function") or {}
+        if call.get("id") is not None:  # the first fragment of a call: id and name
+            name = str(function.get("name") or "")
+            out += self._start("tool_use", tool_use_block(anthropic_tool_id(call["id"]), name, {}))
+            self.tool_blocks[chat_index] = self.index
+        fragment = function.get("arguments") or ""
+        if fragment:
+            index = self.tool_blocks.get(chat_index, self.index)
+            out.append(self._delta({"type": "input_json_delta", "partial_json": fragment}, index))
+        return out
+
+    def _delta(self, delta: dict[str, Any], index: int | None = None) -> str:
+        payload = {
+            "type": "content_block_delta",
+            "index": self.index if index is None else index,
+            "delta": delta,
+        }
+        return sse_event("content_block_delta", payload)
+
+    def _start(self, kind: str, block: dict[str, Any]) -> list[str]:
+        out = self._stop()
+        self.index += 1
+        self.open = kind
+        if kind == "text":
+            self._text_delta = sse_template(
+                lambda text: self._delta({"type": "text_delta", "text": text})
+            )
+        payload = {"type": "content_block_start", "index": self.index, "content_block": block}
+        return [*out, sse_event("content_block_start", payload)]
+
+    def _stop(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        payload = {"type": "content_block_stop", "index": self.index}
+        return [sse_event("content_block_stop", payload)]
+
+
+class MessagesEncoder(Encoder):
+    """One Messages answer: a message object, or its SSE event sequence."""
+
+    ping = SSE_PING
+
+    def __init__(
+        self, chat: ChatJob, message_id: str, model: str, stop_sequences: Sequence[str]
+    ) -> None:
+        self.chat = chat
+        self.message_id = message_id
+        self.model = model
+        self.stops = tuple(stop_sequences)
+        self._out = chat.plan.stream(message_id)
+        self._blocks = BlockEvents()
+
+    def _reason(self, final: GenerationEvent, made_calls: bool) -> tuple[StopReason, str | None]:
+        return stop_reason(final.finish_reason or "stop", made_calls, final.stop_word, self.stops)
+
+    # ------------------------------------------------------------------ streaming
+
+    def opening(self) -> Iterable[str]:
+        start = message_object(
+            self.message_id,
+            self.model,
+            [],
+            stop_reason=None,
+            stop_sequence=None,
+            input_tokens=self.chat.prompt_tokens,
+            output_tokens=0,
+        )
+        return [sse_event("message_start", {"type": "message_start", "message": start})]
+
+    def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
+        return self._blocks.feed(self._out.feed(event.text)) if event.text else ()
+
+    def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
+        lines = self._blocks.feed(self._out.finish()) + self._blocks.close()
+        assert self._out.result is not None
+        self.chat.check_forced(self._out.result)
+        reason, sequence = self._reason(final, bool(self._out.result.calls))
+        lines.append(
+            sse_event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": usage(final.prompt_tokens, final.completion_tokens),
+                },
+            )
+        )
+        return lines
+
+    def closing(self) -> Iterable[str]:
+        return [sse_event("message_stop", {"type": "message_stop"})]
+
+    def failed(self, index: int, final: GenerationEvent, error: APIError) -> Iterable[str]:
+        payload = {"type": anthropic_error_type(error.status), "message": error.message}
+        return [sse_event("error", {"type": "error", "error": payload})]
+
+    # ------------------------------------------------------------------ collected
+
+    def body(self, results: list[list[GenerationEvent]]) -> dict[str, Any]:
+        events = results[0]
+        final = events[-1]
+        plan = self.chat.plan
+        result = plan.parse("".join(e.text for e in events))
+        self.chat.check_forced(result)
+        reason, sequence = self._reason(final, bool(result.calls))
+        blocks = content_blocks(plan.message(result), with_thinking=not plan.reasoning_in_content)
+        return message_object(
+            self.message_id,
+            self.model,
+            blocks,
+            stop_reason=reason,
+            stop_sequence=sequence,
+            input_tokens=final.prompt_tokens,
+            output_tokens=final.completion_tokens,
+        )

@@ -1,0 +1,182 @@
+"""Native /completion and /infill answers on the wire: llama-server's result objects.
+
+The request's life (several prompts run at once, one sequence each) is `generation.Job`'s;
+this module only shapes its output as llama-server does (see
+`shared/spec/llama-server-samples.json`): JSON result objects, or `data:` chunks ending
+with each sequence's full result. A failure mid-stream is one `data: {"error": {...}}`
+event, and the stream ends there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
+from mlxcel.server.errors import APIError, sse_error_data
+from mlxcel.server.generation import Encoder
+from mlxcel.server.llama_native.protocol import (
+    NativeCompletionRequest,
+    generation_settings,
+    project_fields,
+)
+from mlxcel.server.openai_common import chat_logprobs
+from mlxcel.server.sse import sse_data
+
+if TYPE_CHECKING:
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.server.state import ServerState
+
+
+def _stop_type(
+    final: GenerationEvent, request: GenerationRequest, text_of: Callable[[], str]
+) -> tuple[str, str]:
+    """(`stop_type`, `stopping_word`) as llama-server reports them.
+
+    The engine ends a sequence with `stop` on an end-of-generation token, a stop string or
+    a loop; a stop string is told apart by finding it in the generated text (`text_of()`,
+    the decoded tokens, the stop string included), unless the engine names it.
+    """
+    if final.finish_reason == "length":
+        return "limit", ""
+    word = getattr(final, "stop_word", None)
+    if word:
+        return "word", str(word)
+    if request.stop:
+        text = text_of()
+        ends = [(text.find(s) + len(s), -len(s), s) for s in request.stop if s in text]
+        if ends:
+            return "word", min(ends)[2]
+    return "eos", ""
+
+
+class NativeEncoder(Encoder):
+    """The answer to one native request of `len(requests)` prompts."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        body: NativeCompletionRequest,
+        requests: list[GenerationRequest],
+        model: str,
+        *,
+        single: bool,
+    ) -> None:
+        assert state.tokenizer is not None
+        self.state = state
+        self.tokenizer: Tokenizer = state.tokenizer
+        self.native = body
+        self.requests = requests
+        self.model = model
+        self.single = single
+        self.slots = [-1] * len(requests)
+        self._looked = [False] * len(requests)
+        self._predicted = [0] * len(requests)
+
+    def observe(self, index: int, event: GenerationEvent) -> None:
+        """Note the slot serving sequence `index` (the engine may name it on any event;
+        else one snapshot look at its first event, best effort)."""
+        if event.slot >= 0:
+            self.slots[index] = event.slot
+            return
+        if self.slots[index] >= 0 or self._looked[index] or event.finished:
+            return
+        self._looked[index] = True  # the job holds a slot while it emits: one look is enough
+        client = self.state.client
+        if client is None:
+            return
+        request_id = self.requests[index].request_id
+        for slot in client.engine.snapshot().slots:
+            if slot.request_id == request_id:
+                self.slots[index] = slot.id
+                return
+
+    # ------------------------------------------------------------------ streaming
+
+    def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
+        self._predicted[index] += len(event.token_ids)
+        chunk: dict[str, Any] = {
+            "index": index,
+            "content": event.text,
+            "tokens": list(event.token_ids),
+            "stop": False,
+            "id_slot": -1,
+            "tokens_predicted": self._predicted[index],
+            "tokens_evaluated": len(self.requests[index].prompt_tokens),
+        }
+        if self.native.n_probs > 0 and not event.finished:
+            chunk["completion_probabilities"] = chat_logprobs(self.tokenizer, list(event.logprobs))
+        return [sse_data(chunk)]
+
+    def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
+        return [sse_data(self._result(index, [], final, content=""))]
+
+    def failed(self, index: int, final: GenerationEvent, error: APIError) -> Iterable[str]:
+        return [sse_error_data(APIError(error.status, error.message, "server_error"))]
+
+    # ------------------------------------------------------------------ collected
+
+    def body(self, results: list[list[GenerationEvent]]) -> Any:
+        objects = [self._result(i, events, events[-1]) for i, events in enumerate(results)]
+        return objects[0] if self.single else objects
+
+    def _result(
+        self,
+        index: int,
+        events: list[GenerationEvent],
+        final: GenerationEvent,
+        *,
+        content: str | None = None,
+        token_ids: list[int] | None = None,
+    ) -> dict[str, Any]:
+        """The full llama-server result object (also the last event of a stream)."""
+        tokenizer, body = self.tokenizer, self.native
+        request = self.requests[index]
+        text = "".join(e.text for e in events) if content is None else content
+        ids = [t for e in events for t in e.token_ids] if token_ids is None else token_ids
+        stop_type, stopping_word = _stop_type(
+            final, request, lambda: tokenizer.decode(ids, skip_special=True)
+        )
+        n_predict = body.token_limit()
+        out: dict[str, Any] = {
+            "index": index,
+            "content": text,
+            "tokens": ids if body.return_tokens and content is None else [],
+            "id_slot": self.slots[index],
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": final.completion_tokens,
+            "tokens_evaluated": final.prompt_tokens,
+            "generation_settings": generation_settings(
+                request.sampling,
+                settings=self.state.settings,
+                n_predict=-1 if n_predict is None else n_predict,
+                stream=body.stream,
+                n_probs=body.n_probs,
+                stop=request.stop,
+                ignore_eos=request.ignore_eos,
+            ),
+            "prompt": tokenizer.decode(request.prompt_tokens),
+            "has_new_line": "\n" in text,
+            "truncated": self._filled_context(final, request),
+            "stop_type": stop_type,
+            "stopping_word": stopping_word,
+            "tokens_cached": max(0, final.prompt_tokens + final.completion_tokens - 1),
+            "timings": final.timings.to_dict() if final.timings is not None else {},
+        }
+        if body.n_probs > 0 and content is None:
+            out["completion_probabilities"] = chat_logprobs(
+                tokenizer, [lp for e in events for lp in e.logprobs]
+            )
+        return project_fields(out, body.response_fields) if body.response_fields else out
+
+    def _filled_context(self, final: GenerationEvent, request: GenerationRequest) -> bool:
+        """llama-server's `truncated`: generation stopped because the slot's context is full
+        (not at the request's own token limit)."""
+        client = self.state.client
+        n_ctx = int(getattr(client.engine, "context_per_slot", 0)) if client is not None else 0
+        if final.finish_reason != "length" or n_ctx <= 0:
+            return False
+        if request.max_tokens is not None and final.completion_tokens >= request.max_tokens:
+            return False
+        return final.prompt_tokens + final.completion_tokens >= n_ctx

@@ -1,0 +1,139 @@
+"""Chat completions on the wire: engine events → `chat.completion` bodies and chunks.
+
+The request's life (admission, pings, cancel, errors, counting) is `generation.Job`'s; this
+module only shapes its output. A failure after the stream started sends the finish chunk
+with `finish_reason: "error"`, then an OpenAI error event (`data: {"error": {...}}`, which
+the OpenAI SDKs raise on) and `[DONE]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from mlxcel.engine.chat.tool_calls.output import finish_reason
+from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
+from mlxcel.server.errors import APIError, sse_error_data
+from mlxcel.server.generation import Encoder
+from mlxcel.server.openai_common import (
+    chat_logprobs,
+    envelope,
+    speculative_timings,
+    usage_payload,
+)
+from mlxcel.server.sse import SSE_DONE, sse_data, sse_template
+
+if TYPE_CHECKING:
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.server.openai_chat.serving import ChatJob
+
+
+class ChatEncoder(Encoder):
+    """One chat completion (a single choice), as JSON or as chunks."""
+
+    def __init__(
+        self,
+        chat: ChatJob,
+        tokenizer: Tokenizer,
+        meta: dict[str, Any],
+        *,
+        include_usage: bool = False,
+    ) -> None:
+        self.chat = chat
+        self.tokenizer = tokenizer
+        self.meta = meta
+        self.include_usage = include_usage
+        self.want_logprobs = chat.job.request.logprobs is not None
+        self._out = chat.plan.stream(meta["id"])
+        self._content_chunk = sse_template(lambda text: self._chunk({"content": text}))
+
+    def _chunk(
+        self,
+        delta: dict[str, Any],
+        reason: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        return sse_data(
+            {
+                **envelope(self.meta, "chat.completion.chunk"),
+                **(extra or {}),
+                "choices": [
+                    {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
+                ],
+            }
+        )
+
+    # ------------------------------------------------------------------ streaming
+
+    def opening(self) -> Iterable[str]:
+        return [self._chunk({"role": "assistant"})]
+
+    def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
+        lines: list[str] = []
+        logprobs = (
+            {"content": chat_logprobs(self.tokenizer, list(event.logprobs))}
+            if self.want_logprobs and event.logprobs
+            else None
+        )
+        pieces = self._out.feed(event.text) if event.text else []
+        if logprobs is not None:
+            # One SSE position per generated token: a placeholder when all is held.
+            first, *pieces = pieces or [{"content": ""}]
+            lines.append(self._chunk(first, logprobs=logprobs))
+        for piece in pieces:
+            text = piece.get("content") if len(piece) == 1 else None
+            lines.append(self._content_chunk(text) if type(text) is str else self._chunk(piece))
+        return lines
+
+    def _close_output(self, engine_reason: str, extra: dict[str, Any]) -> list[str]:
+        lines = [self._chunk(piece) for piece in self._out.finish()]
+        assert self._out.result is not None
+        self.chat.check_forced(self._out.result)
+        last: dict[str, Any] = {"reasoning_only": True} if self._out.reasoning_only else {}
+        reason = finish_reason(self._out.result, engine_reason)
+        lines.append(self._chunk(last, reason, extra=extra))
+        return lines
+
+    def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
+        lines = self._close_output(final.finish_reason or "stop", speculative_timings(final))
+        if self.include_usage:
+            usage = usage_payload(final.prompt_tokens, final.completion_tokens)
+            payload = {
+                **envelope(self.meta, "chat.completion.chunk"),
+                "choices": [],
+                "usage": usage,
+            }
+            lines.append(sse_data(payload))
+        return lines
+
+    def closing(self) -> Iterable[str]:
+        return [SSE_DONE]
+
+    def failed(self, index: int, final: GenerationEvent, error: APIError) -> Iterable[str]:
+        return [*self._close_output("error", {}), sse_error_data(error), SSE_DONE]
+
+    # ------------------------------------------------------------------ collected
+
+    def body(self, results: list[list[GenerationEvent]]) -> dict[str, Any]:
+        events = results[0]
+        final = events[-1]
+        plan = self.chat.plan
+        result = plan.parse("".join(e.text for e in events))
+        self.chat.check_forced(result)
+        logprobs: list[TokenLogprob] = [lp for e in events for lp in e.logprobs]
+        return {
+            **envelope(self.meta, "chat.completion"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": plan.message(result),
+                    "finish_reason": finish_reason(result, final.finish_reason or "stop"),
+                    "logprobs": {"content": chat_logprobs(self.tokenizer, logprobs)}
+                    if self.want_logprobs
+                    else None,
+                }
+            ],
+            "usage": usage_payload(final.prompt_tokens, final.completion_tokens),
+            **speculative_timings(final),
+        }
