@@ -29,8 +29,8 @@ from mlxcel.server.anthropic_messages.convert import (
     chat_call_id,
     to_chat_request,
 )
-from mlxcel.server.anthropic_messages.protocol import CountTokensRequest, MessagesRequest
 from mlxcel.server.anthropic_messages.encoder import BlockEvents, stop_reason
+from mlxcel.server.anthropic_messages.protocol import CountTokensRequest, MessagesRequest
 from mlxcel.server.app import create_app
 from mlxcel.server.bridge import EngineClient
 from mlxcel.server.errors import is_messages_path
