@@ -4,6 +4,7 @@ complete -c mlxcel -n '__fish_use_subcommand' -a bench
 complete -c mlxcel -n '__fish_use_subcommand' -a cache
 complete -c mlxcel -n '__fish_use_subcommand' -a embed
 complete -c mlxcel -n '__fish_use_subcommand' -a generate
+complete -c mlxcel -n '__fish_use_subcommand' -a image
 complete -c mlxcel -n '__fish_use_subcommand' -a rerank
 complete -c mlxcel -n '__fish_use_subcommand' -a serve
 complete -c mlxcel -n '__fish_use_subcommand' -a speak
@@ -118,6 +119,24 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s n
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s p
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s s
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s t
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l guidance
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l image
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l json
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l model
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l n
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l negative-prompt
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l output
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l profile
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l seed
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l size
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l steps
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -l strength
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -s P
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -s i
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -s m
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -s n
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -s o
+complete -c mlxcel -n '__fish_seen_subcommand_from image' -s s
 complete -c mlxcel -n '__fish_seen_subcommand_from rerank' -l file
 complete -c mlxcel -n '__fish_seen_subcommand_from rerank' -l instruction
 complete -c mlxcel -n '__fish_seen_subcommand_from rerank' -l json
@@ -242,6 +261,9 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l host
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l ignore-eos
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l image-max-tokens
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l image-min-tokens
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l image-model
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l image-queue-depth
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l image-timeout
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l jinja
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l json-schema
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l json-schema-file

@@ -11,28 +11,20 @@ from mlxcel.server.state import ServerState, get_state
 router = APIRouter()
 
 
-def _names(value: object) -> list[str]:
-    """A comma-separated setting as a sorted list of distinct names."""
-    if not isinstance(value, str):
-        return []
-    return sorted({item.strip() for item in value.split(",") if item.strip()})
-
-
 def models_payload(state: ServerState) -> dict[str, Any]:
     """The OpenAI model list: one entry, named by `--alias` or the model's name.
 
     As llama-server: `--alias a,b` gives every alias in `aliases` and the first of them
-    (sorted) as `id`; `tags` lists `--tags`.
+    (sorted) as `id`, the name every other route reports too; `tags` lists `--tags`.
     """
-    aliases = _names(state.settings.alias) or [state.model_name]
-    model_id = aliases[0] if len(aliases) > 1 else state.model_name
+    aliases = state.settings.alias_names() or [state.model_name]
     return {
         "object": "list",
         "data": [
             {
-                "id": model_id,
+                "id": state.model_name,
                 "aliases": aliases,
-                "tags": _names(getattr(state.settings, "tags", None)),
+                "tags": state.settings.tag_names(),
                 "object": "model",
                 "created": int(state.started),
                 "owned_by": "user",

@@ -306,14 +306,13 @@ def load_into(state: ServerState) -> None:
 def _warm_up(engine: Any, loaded: LoadedModel) -> None:
     """One token through the engine, so the first request does not pay for compilation."""
     from mlxcel.engine.text.request import GenerationRequest
-    from mlxcel.engine.text.scheduler import EngineCounters
 
     tokenizer = loaded.tokenizer
     first = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 0
     request = GenerationRequest(prompt_tokens=[first], max_tokens=1, cache_prompt=False)
     for _ in engine.generate(request):
         pass
-    engine.counters = EngineCounters()  # the warm-up is not traffic
+    engine.forget_traffic()  # the warm-up is not traffic
 
 
 def _log_level(settings: Settings) -> str:

@@ -80,6 +80,7 @@ class SlotState:
     request_id: str | None = None
     n_prompt: int = 0
     n_decoded: int = 0
+    used: bool = False  # has run a request since the engine started
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ class TextEngine:
         self._running: dict[str, _Job] = {}  # jobs holding a slot
         self._by_uid: dict[int, _Job] = {}  # running jobs by BatchGenerator uid
         self._free_slots = list(range(slots))
+        self._used_slots: set[int] = set()
         self._cancelled: set[str] = set()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -246,6 +248,12 @@ class TextEngine:
         finally:
             self.cancel(request.request_id)
 
+    def forget_traffic(self) -> None:
+        """Counters and slot usage back to a fresh engine's (after a warm-up request)."""
+        with self._cond:
+            self.counters = EngineCounters()
+            self._used_slots.clear()
+
     def snapshot(self) -> EngineSnapshot:
         """Slots, queue and counters as of now."""
         with self._cond:
@@ -259,6 +267,7 @@ class TextEngine:
                     request_id=busy[i].request.request_id if i in busy else None,
                     n_prompt=len(busy[i].request.prompt_tokens) if i in busy else 0,
                     n_decoded=busy[i].n_generated if i in busy else 0,
+                    used=i in self._used_slots,
                 )
                 for i in range(self.n_slots)
             )
@@ -301,6 +310,7 @@ class TextEngine:
                 while self._pending and self._free_slots:
                     _, _, job = heapq.heappop(self._pending)
                     job.slot = self._free_slots.pop(0)
+                    self._used_slots.add(job.slot)
                     self._running[job.request.request_id] = job
                     admitted.append(job)
             try:

@@ -218,6 +218,7 @@ class VisionEngine:
                 request_id=job.request.request_id if job is not None else None,
                 n_prompt=len(job.request.prompt_tokens) if job is not None else 0,
                 n_decoded=self._n_decoded if job is not None else 0,
+                used=job is not None or self.counters.requests_total > 0,
             )
             queued = tuple(j.request.request_id for _, _, j in sorted(self._pending))
             return EngineSnapshot((slot,), queued, self.counters, self.context_per_slot)

@@ -150,7 +150,7 @@ def _slot_entry(
     slot: SlotState, *, model: str, n_ctx: int, params: dict[str, Any]
 ) -> dict[str, Any]:
     busy = slot.state != "idle"
-    return {
+    entry: dict[str, Any] = {
         "id": slot.id,
         "state": "decoding" if busy else "idle",
         "model": model,
@@ -158,6 +158,11 @@ def _slot_entry(
         "is_processing": busy,
         "n_ctx": n_ctx,
         "speculative": False,
+    }
+    if not busy and not slot.used:
+        return entry  # as llama-server: a slot that never ran a task has no task fields
+    return {
+        **entry,
         "id_task": _task_id(slot.request_id) if busy else -1,
         "n_prompt_tokens": slot.n_prompt,
         "n_prompt_tokens_processed": slot.n_prompt if slot.state == "decoding" else 0,
@@ -240,7 +245,9 @@ async def slot_action(
 
 
 def _metrics_response(state: ServerState) -> PlainTextResponse:
-    return PlainTextResponse(metrics_text(state), headers={"Content-Type": CONTENT_TYPE})
+    # llama-server's header; here the server's start as Unix seconds, as its name says
+    headers = {"Content-Type": CONTENT_TYPE, "Process-Start-Time-Unix": str(int(state.started))}
+    return PlainTextResponse(metrics_text(state), headers=headers)
 
 
 @router.get("/metrics")
