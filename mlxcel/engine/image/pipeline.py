@@ -279,6 +279,7 @@ def load_image_model(ref: str) -> ImageModel:
     except Exception as exc:  # noqa: BLE001 - mflux raises many kinds; one line for the user
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"image model {root.name}: cannot load ({text})") from exc
+    _materialize(pipeline)
     log.info(
         "image model %s (%s) loaded in %.1f s",
         root.name,
@@ -286,6 +287,14 @@ def load_image_model(ref: str) -> ImageModel:
         time.perf_counter() - started,
     )
     return ImageModel(family, pipeline, root.name, root)
+
+
+def _materialize(pipeline: Any) -> None:
+    """Evaluate every weight now: MLX streams are per thread, and the worker thread that
+    runs the pipeline cannot evaluate arrays still pending on the loading thread's stream."""
+    import mlx.core as mx
+
+    mx.eval(pipeline.parameters())
 
 
 def _load_z_image(root: Path) -> Any:
