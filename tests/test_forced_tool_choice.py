@@ -230,3 +230,109 @@ def test_no_grammar_where_it_cannot_apply(tokenizer: Any) -> None:
         too_deep = {"type": "object", "properties": {"a": too_deep}}
     deep_tool = [{"type": "function", "function": {"name": "f", "parameters": too_deep}}]
     assert tool_call_grammar(backend, "hermes", deep_tool, special_id=lookup) is None
+
+
+# ------------------------------------- schemas that do not close their objects themselves
+
+OPEN_WEATHER = {  # no additionalProperties anywhere, as most tool schemas are written
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "unit": {"type": "string", "enum": ["c", "f"]},
+        "when": {
+            "type": "object",
+            "properties": {"days": {"type": "integer", "minimum": 0, "maximum": 9}},
+        },
+    },
+    "required": ["city"],
+}
+OPEN_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": OPEN_WEATHER}}]
+
+
+def _closed(schema: Any) -> Any:
+    """`schema` with every object that lists properties closed (what must come out)."""
+    if isinstance(schema, dict):
+        out = {k: _closed(v) for k, v in schema.items()}
+        if "properties" in schema:
+            out["properties"] = {k: _closed(v) for k, v in schema["properties"].items()}
+            out.setdefault("additionalProperties", False)
+        return out
+    return schema
+
+
+def test_forced_calls_on_open_schemas_end_in_tool_calls_over_20_seeds(client: OpenAI) -> None:
+    """No undeclared keys and bounded whitespace: a random-weight model always finishes."""
+
+    def run(seed: int) -> Any:
+        return client.chat.completions.create(
+            model="m",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            tools=OPEN_TOOLS,  # type: ignore[arg-type]
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=1200,  # up to MAX_CALLS calls of a few dozen tokens each
+        ).choices[0]
+
+    with ThreadPoolExecutor(4) as pool:
+        choices = list(pool.map(run, range(20)))
+    for seed, choice in enumerate(choices):
+        assert choice.finish_reason == "tool_calls", (seed, choice)
+        assert choice.message.tool_calls, (seed, choice)
+        for call in choice.message.tool_calls:
+            assert call.function.name == "get_weather"
+            arguments = json.loads(call.function.arguments)
+            jsonschema.validate(arguments, _closed(OPEN_WEATHER))
+
+
+def test_response_format_on_an_open_schema_stops_over_20_seeds(client: OpenAI) -> None:
+    schema = {"name": "weather", "schema": OPEN_WEATHER}
+
+    def run(seed: int) -> Any:
+        return client.chat.completions.create(
+            model="m",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            response_format={"type": "json_schema", "json_schema": schema},  # type: ignore[typeddict-item]
+            temperature=1.0,
+            seed=seed,
+            max_tokens=400,
+        ).choices[0]
+
+    with ThreadPoolExecutor(4) as pool:
+        choices = list(pool.map(run, range(20)))
+    for seed, choice in enumerate(choices):
+        assert choice.finish_reason == "stop", (seed, choice)
+        text = choice.message.content or ""
+        jsonschema.validate(json.loads(text), _closed(OPEN_WEATHER))
+        assert "\n\n\n" not in text and " " * 21 not in text
+
+
+def test_close_objects_follows_llama_cpp() -> None:
+    from mlxcel.engine.grammar.strict import close_objects
+
+    closed = close_objects(
+        {
+            "type": "object",
+            "properties": {
+                "a": {"type": "object", "properties": {"x": {}}},
+                "b": {"type": "object", "properties": {}, "additionalProperties": True},
+                "c": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "d": {"type": "array", "items": {"properties": {"y": {}}}},
+                "e": {"type": "object"},
+            },
+            "$defs": {"n": {"properties": {"z": {}}}},
+            "anyOf": [{"properties": {"k": {}}}],
+        }
+    )
+    assert closed["additionalProperties"] is False
+    props = closed["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["b"]["additionalProperties"] is True  # said so: stays open
+    assert props["c"]["additionalProperties"] == {"type": "integer"}
+    assert props["d"]["items"]["additionalProperties"] is False
+    assert "additionalProperties" not in props["e"]  # no properties: any object
+    assert closed["$defs"]["n"]["additionalProperties"] is False
+    assert closed["anyOf"][0]["additionalProperties"] is False
+    # allOf members are merged, so none of them is closed on its own
+    merged = close_objects({"allOf": [{"properties": {"p": {}}}, {"properties": {"q": {}}}]})
+    assert all("additionalProperties" not in part for part in merged["allOf"])

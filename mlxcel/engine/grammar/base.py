@@ -16,6 +16,7 @@ Bit `t % 32` of word `t // 32` of a row is set when token `t` is allowed.
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from abc import ABC, abstractmethod
@@ -28,6 +29,7 @@ import numpy as np
 
 from mlxcel.engine.errors import EngineError, InvalidRequestError
 from mlxcel.engine.grammar.limits import DEFAULT_LIMITS, SchemaLimits, canonical_schema
+from mlxcel.engine.grammar.strict import close_objects
 
 BACKENDS = ("llguidance", "xgrammar")
 DEFAULT_BACKEND = "llguidance"
@@ -118,9 +120,12 @@ class GrammarBackend(ABC):
     def compile_json_schema(self, schema: Mapping[str, Any] | str) -> CompiledGrammar:
         """Check the limits, then compile `schema` (or return the cached grammar).
 
-        Raises `SchemaTooLarge` / `InvalidSchema` (both HTTP 400) with short messages.
+        Objects with `properties` are closed as llama.cpp closes them (`close_objects`):
+        no keys beyond the listed ones unless the schema allows them. Raises
+        `SchemaTooLarge` / `InvalidSchema` (both HTTP 400) with short messages.
         """
-        key = canonical_schema(schema, self.limits)
+        checked = canonical_schema(schema, self.limits)
+        key = json.dumps(close_objects(json.loads(checked)), separators=(",", ":"))
         return self._cached(key, lambda: self._compile_json_schema(key))
 
     def compile_lark(self, grammar: str) -> CompiledGrammar:

@@ -31,6 +31,7 @@ from mlxcel.engine.grammar.base import (
     GrammarBackend,
 )
 from mlxcel.engine.grammar.limits import canonical_schema
+from mlxcel.engine.grammar.strict import close_objects
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,13 @@ def call_schema(tools: Sequence[Mapping[str, Any]], arguments_key: str) -> dict[
         parameters = function.get("parameters")
         if not isinstance(parameters, Mapping) or not parameters:
             parameters = {"type": "object"}
+        parameters = close_objects(parameters)  # no undeclared argument keys (llama.cpp's rule)
         options.append(
             {
                 "type": "object",
                 "properties": {
                     "name": {"const": function["name"]},
-                    arguments_key: dict(parameters),
+                    arguments_key: parameters,
                 },
                 "required": ["name", arguments_key],
                 "additionalProperties": False,
