@@ -43,6 +43,8 @@ async def parse_body(request: Request, model: type[M]) -> M:
         payload = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise bad_request("request body is not valid JSON") from None
+    except RecursionError:  # thousands of nested arrays/objects: refuse, never a 500
+        raise bad_request("request body is nested too deeply") from None
     try:
         return model.model_validate(payload)
     except ValidationError as exc:

@@ -41,6 +41,8 @@ async def compact_history(raw: Request, state: ServerState = Depends(get_state))
         payload = await raw.json()
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
     return await serving_for(raw, state).compact(payload, raw)
 
 
