@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -276,6 +277,10 @@ def load_into(state: ServerState) -> None:
         state.text_engine = False
         state.embeddings = build_services(settings)
         return
+    vision_path = vision_model_path(settings.model)
+    if vision_path is not None:
+        _load_vision_into(state, vision_path)
+        return
     loaded = load_model(
         settings.model,
         store_dir=settings.model_store,
@@ -299,6 +304,56 @@ def load_into(state: ServerState) -> None:
     state.tokenizer = loaded.tokenizer
     state.model_info = loaded.info
     state.prompt_cache = cache
+    state.embeddings = build_services(settings)
+    state.client = EngineClient(engine)  # last: the server is ready from here on
+
+
+def vision_model_path(ref: str | None) -> Path | None:
+    """The directory of `ref` when it is a vision (or audio) language model, else None."""
+    from mlxcel.engine.vision.loader import is_vision_model_dir
+
+    if not ref:
+        return None
+    path = Path(os.path.expanduser(ref))
+    if not path.is_dir():
+        from mlxcel.engine.loading.hf_cache import looks_like_repo_id, resolve_hf_repo
+
+        if path.exists() or not looks_like_repo_id(ref):
+            return None
+        try:
+            path = resolve_hf_repo(ref)
+        except ValueError:
+            return None
+    return path if is_vision_model_dir(path) else None
+
+
+def _load_vision_into(state: ServerState, path: Path) -> None:
+    """Load the mlx-vlm model in `path` and start its one-slot engine."""
+    from mlxcel.engine.vision.engine import VisionEngine
+    from mlxcel.engine.vision.loader import load_vision_model
+    from mlxcel.server.bridge import EngineClient
+    from mlxcel.server.embeddings.services import build_services
+    from mlxcel.server.media import MediaPolicy
+    from mlxcel.server.media.parts import ModelMedia
+
+    settings = state.settings
+    loaded = load_vision_model(path, name=path.name)
+    template = chat_template_text(settings)
+    if template is not None:
+        loaded.tokenizer.chat_template = template
+    context = settings.ctx_size if settings.ctx_size > 0 else loaded.info.context_length
+    engine = VisionEngine(
+        loaded, context_per_slot=context, max_queue_depth=settings.max_queue_depth
+    ).start()
+    state.media = ModelMedia(
+        modalities=loaded.modalities,
+        native_video=loaded.native_video,
+        video_with_audio=loaded.info.architecture == "gemma4_unified",
+        video_max_frames=settings.video_max_frames,
+    )
+    state.media_policy = MediaPolicy.from_environment(settings.media_path)
+    state.tokenizer = loaded.tokenizer
+    state.model_info = loaded.info
     state.embeddings = build_services(settings)
     state.client = EngineClient(engine)  # last: the server is ready from here on
 

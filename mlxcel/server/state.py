@@ -70,6 +70,8 @@ class ServerState:
     embeddings: Any = None  # mlxcel.server.embeddings.services.EmbeddingServices | None
     audio: Any = None  # mlxcel.engine.workers.audio.AudioWorker | None
     text_engine: bool = True  # False on embeddings-only and audio-only servers
+    media: Any = None  # mlxcel.server.media.parts.ModelMedia when a vision model is loaded
+    media_policy: Any = None  # mlxcel.server.media.MediaPolicy, read once at start
 
     @property
     def loading(self) -> bool:

@@ -64,7 +64,7 @@ async def collect_media(
         for j, part in enumerate(content):
             kind = _KINDS.get(str(part.get("type"))) if isinstance(part, Mapping) else None
             if kind is None:
-                parts.append(part)
+                parts.append(_text_part(f"messages[{index}].content[{j}]", part))
                 continue
             where = f"messages[{index}].content[{j}]"
             if kind not in model.modalities:
@@ -126,3 +126,17 @@ def _url(where: str, value: Any) -> str:
     if not isinstance(url, str) or not url:
         raise MediaError(f"{where}: the media part needs a 'url' string")
     return url
+
+
+_TEXT_KINDS = frozenset({"text", "input_text", "output_text"})
+
+
+def _text_part(where: str, part: Any) -> dict[str, Any]:
+    """A text part as chat templates read it (`{"type": "text", "text": ...}`)."""
+    if not isinstance(part, Mapping) or part.get("type") not in _TEXT_KINDS:
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        raise MediaError(f"{where}: '{kind}' content parts are not supported")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise MediaError(f"{where}: a text part needs a string 'text'")
+    return {"type": "text", "text": text}

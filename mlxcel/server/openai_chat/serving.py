@@ -15,8 +15,11 @@ from mlxcel.engine.chat.messages import strip_think_blocks
 from mlxcel.engine.chat.tool_calls.base import ParseResult
 from mlxcel.engine.prompting import PromptError, render_chat
 from mlxcel.engine.text.thinking_budget import ThinkingBudget
+from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
 from mlxcel.server.errors import bad_request, scrub_paths, server_busy
 from mlxcel.server.generation import Job
+from mlxcel.server.media import MediaError
+from mlxcel.server.media.parts import collect_media, has_media
 from mlxcel.server.openai_chat.encoder import ChatEncoder
 from mlxcel.server.openai_chat.output_plan import REASONING_FORMATS, OutputPlan, plan_output
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
@@ -80,10 +83,13 @@ def _flatten_content(index: int, content: str | list[dict[str, Any]] | None) -> 
     return "\n".join(texts)
 
 
-def _template_message(index: int, message: ChatMessage) -> dict[str, Any]:
+def _template_message(
+    index: int, message: ChatMessage, content: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The message as a chat template gets it; `content`: its parts with media placeholders."""
     out: dict[str, Any] = dict(message.model_extra or {})
     out["role"] = message.role
-    out["content"] = _flatten_content(index, message.content)
+    out["content"] = content if content is not None else _flatten_content(index, message.content)
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:
@@ -281,7 +287,7 @@ class ChatServing:
                 "a forced tool_choice cannot be combined with a json_schema response_format"
             )
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
-        tools, prompt_text, tokens = await self._render(body)
+        tools, prompt_text, tokens, media = await self._render_with_media(body)
         plan = plan_output(state, tools, prompt_text, request_reasoning_format(body))
         forced = _forced_tool_choice(body.tool_choice) and bool(tools)
         if forced and grammar is None and plan.tool_format is not None:
@@ -307,6 +313,8 @@ class ChatServing:
             logprobs=body.logprobs_count(),
         )
         request.grammar = grammar
+        if state.media is not None:  # a vision engine: the prompt text and its decoded media
+            request.media = VisionPrompt(prompt_text, media or VisionInputs())
         budget = thinking_budget(state, body)
         if budget >= 0 and plan.reasoning is not None and not plan.reasoning.harmony:
             request.thinking = ThinkingBudget(
@@ -345,12 +353,38 @@ class ChatServing:
         self, body: ChatCompletionRequest
     ) -> tuple[list[dict[str, Any]] | None, str, list[int]]:
         """(tools rendered, prompt text, prompt token ids) of `body`; 400 on errors."""
+        tools, text, tokens, _ = await self._render_with_media(body)
+        return tools, text, tokens
+
+    async def _media_parts(
+        self, body: ChatCompletionRequest
+    ) -> tuple[list[list[dict[str, Any]] | None], VisionInputs | None]:
+        """Per message, its content parts with media placeholders (None: plain text), and the
+        decoded media — only on a vision model; text models refuse media parts (400)."""
+        state = self.state
+        contents = [m.content for m in body.messages]
+        if state.media is None or not has_media([{"content": c} for c in contents]):
+            return [None] * len(contents), None
+        try:
+            placed, inputs = await collect_media(
+                [{"content": c} for c in contents], state.media_policy, state.media
+            )
+        except MediaError as exc:
+            raise bad_request(str(exc)) from None
+        parts = [m["content"] if isinstance(m["content"], list) else None for m in placed]
+        return parts, inputs
+
+    async def _render_with_media(
+        self, body: ChatCompletionRequest
+    ) -> tuple[list[dict[str, Any]] | None, str, list[int], VisionInputs | None]:
+        """`_render`, plus the request's decoded media (None when it has none)."""
         state = self.state
         tokenizer = state.tokenizer
         assert tokenizer is not None
         tools, directive = _select_tools(body)
         kwargs = template_kwargs(state, body)
-        messages = [_template_message(i, m) for i, m in enumerate(body.messages)]
+        contents, media = await self._media_parts(body)
+        messages = [_template_message(i, m, contents[i]) for i, m in enumerate(body.messages)]
         if kwargs.get("preserve_thinking") is not True:
             messages = strip_think_blocks(messages)
         if directive:
@@ -373,7 +407,7 @@ class ChatServing:
             text, tokens = await run_in_threadpool(render)
         except PromptError as exc:
             raise bad_request(scrub_paths(str(exc))) from None
-        return tools, text, tokens
+        return tools, text, tokens, media
 
     async def input_tokens(self, body: ChatCompletionRequest) -> dict[str, Any]:
         """POST /v1/chat/completions/input_tokens: how many prompt tokens `body` would use."""

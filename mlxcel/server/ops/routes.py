@@ -32,6 +32,12 @@ _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _TASK_ID = re.compile(r"(\d+)$")
 
 
+def _modalities(state: ServerState) -> dict[str, bool]:
+    """llama-server's `modalities`: which inputs besides text the loaded model takes."""
+    kinds = state.media.modalities if state.media is not None else frozenset()
+    return {"vision": "image" in kinds, "video": "video" in kinds, "audio": "audio" in kinds}
+
+
 def metrics_enabled(settings: Settings) -> bool:
     """`/metrics` is served with `--metrics` or `--metrics-port`."""
     return bool(settings.metrics) or settings.metrics_port is not None
@@ -88,7 +94,7 @@ def props_payload(state: ServerState) -> dict[str, Any]:
         "cpu_kernels": kernel_status(),
         "model_alias": name,
         "model_path": model_file_name(state),
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": _modalities(state),
         "endpoint_slots": bool(settings.slots),
         "endpoint_props": bool(settings.props),
         "endpoint_metrics": metrics_enabled(settings),
