@@ -23,6 +23,13 @@ from server_harness import API_KEY, ServeProcess
 from test_server_tools import CALL_TOKENS, QWEN_STYLE_TEMPLATE, THINK_TOKENS
 
 from mlxcel.config import Settings
+from mlxcel.engine.chat.tool_calls.base import (
+    ContentDelta,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+)
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
 from mlxcel.server.anthropic_messages.convert import (
     anthropic_tool_id,
@@ -370,9 +377,11 @@ def test_block_events_route_fragments_to_their_block() -> None:
     blocks = BlockEvents()
     lines = blocks.feed(
         [
-            {"reasoning_content": "r", "content": "c"},
-            {"tool_calls": [{"index": 0, "id": "call_a", "function": {"name": "f"}}]},
-            {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+            ReasoningDelta("r"),
+            ContentDelta("c"),
+            ToolCallStart(0, "call_a", "f"),
+            ToolCallArguments(0, "{}"),
+            ToolCallEnd(0),
         ]
     )
     lines += blocks.close()

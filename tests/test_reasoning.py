@@ -162,10 +162,10 @@ def test_reasoning_then_tool_calls_when_the_prompt_opened_the_block() -> None:
     assert result.content == ""
     assert [(c.name, c.arguments) for c in result.calls] == [("get_weather", '{"city": "Paris"}')]
     out = ChatOutputStream(tool_format=hermes, reasoning=THINK, start_in_reasoning=True)
-    pieces = [p for ch in text for p in out.feed(ch)] + out.finish()
+    events = [e for ch in text for e in out.feed(ch)] + out.finish()
     assert out.result == result
     assert not out.content_sent and not out.reasoning_only
-    assert "".join(str(p.get("reasoning_content", "")) for p in pieces) == result.reasoning
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == result.reasoning
     # A tool call written inside the reasoning is not a call.
     inner = parse_chat_output(
         '<think><tool_call>{"name": "x"}</tool_call></think>Hi',

@@ -7,6 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from fixtures.tool_call_samples import (
@@ -31,13 +32,14 @@ from mlxcel.engine.chat.tool_calls import (
     get_format,
 )
 from mlxcel.engine.chat.tool_calls.assembler import StreamingToolCallAssembler
+from mlxcel.engine.chat.tool_calls.base import ToolCallEnd
 from mlxcel.engine.chat.tool_calls.output import (
     ChatOutputStream,
     finish_reason,
-    message_fields,
     parse_chat_output,
 )
 from mlxcel.engine.chat.tool_calls.values import convert_value, parse_pythonic
+from mlxcel.server.openai_chat.encoder import delta_objects, message_fields
 
 CASES = [(fmt, s) for fmt, samples in SAMPLES.items() for s in samples]
 IDS = [f"{fmt}-{s.id}" for fmt, s in CASES]
@@ -350,14 +352,16 @@ def test_long_streamed_arguments_are_linear() -> None:
 def test_assembler_chunk_shapes_and_stable_ids() -> None:
     ids = iter(["call_a", "call_b"])
     assembler = StreamingToolCallAssembler(new_id=lambda: next(ids))
-    pieces = assembler.step(
-        [
-            ContentDelta("Hi"),
-            ContentDelta(" there"),
-            ToolCallDelta(0, name="get_weather"),
-            ToolCallDelta(0, arguments_fragment='{"city"'),
-            ToolCallDelta(0, arguments_fragment=': "Paris"}'),
-        ]
+    pieces = delta_objects(
+        assembler.step(
+            [
+                ContentDelta("Hi"),
+                ContentDelta(" there"),
+                ToolCallDelta(0, name="get_weather"),
+                ToolCallDelta(0, arguments_fragment='{"city"'),
+                ToolCallDelta(0, arguments_fragment=': "Paris"}'),
+            ]
+        )
     )
     assert pieces == [
         {"content": "Hi there"},
@@ -375,8 +379,8 @@ def test_assembler_chunk_shapes_and_stable_ids() -> None:
     ]
     assert assembler.step([]) == []
     final = ParseResult("Hi there", (ToolCall("get_weather", '{"city": "Paris"}'),))
-    assert assembler.reconcile(final) == []
-    assert assembler.tool_calls()[0]["id"] == "call_a"
+    assert assembler.reconcile(final) == [ToolCallEnd(0)]  # nothing owed; the call ends
+    assert assembler.calls()[0].id == "call_a"
 
 
 def test_assembler_sends_the_missing_remainder_and_unstreamed_calls() -> None:
@@ -384,7 +388,7 @@ def test_assembler_sends_the_missing_remainder_and_unstreamed_calls() -> None:
     assembler = StreamingToolCallAssembler(new_id=lambda: next(ids), request_id="req-1")
     assembler.step([ToolCallDelta(0, name="f"), ToolCallDelta(0, arguments_fragment='{"a"')])
     final = ParseResult("", (ToolCall("f", '{"a": 1}'), ToolCall("g", "{}", id="functions.g:1")))
-    pieces = assembler.reconcile(final)
+    pieces = delta_objects(assembler.reconcile(final))
     assert pieces == [
         {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]},
         {
@@ -399,15 +403,15 @@ def test_assembler_sends_the_missing_remainder_and_unstreamed_calls() -> None:
         },
         {"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]},
     ]
-    assert [c["id"] for c in assembler.tool_calls()] == ["call_a", "functions.g:1"]
+    assert [c.id for c in assembler.calls()] == ["call_a", "functions.g:1"]
 
 
 def test_assembler_logs_a_mismatch_with_the_request_id(caplog: pytest.LogCaptureFixture) -> None:
     assembler = StreamingToolCallAssembler(new_id=lambda: "call_x", request_id="req-42")
     assembler.step([ToolCallDelta(0, name="f"), ToolCallDelta(0, arguments_fragment='{"a": 2')])
     with caplog.at_level(logging.WARNING):
-        pieces = assembler.reconcile(ParseResult("", (ToolCall("f", '{"a": 1}'),)))
-    assert pieces == []
+        events = assembler.reconcile(ParseResult("", (ToolCall("f", '{"a": 1}'),)))
+    assert events == [ToolCallEnd(0)]  # nothing sent to "fix" it
     assert any("req-42" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
 
 
@@ -425,9 +429,10 @@ QWEN3_OUTPUT = (
 )
 
 
-def _run(out: ChatOutputStream, tokens: Sequence[str]) -> list[list[dict[str, object]]]:
-    steps = [out.feed(t) for t in tokens]
-    steps.append(out.finish())
+def _run(out: ChatOutputStream, tokens: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """The chat `delta` objects of each step (one per token, then the finish)."""
+    steps = [delta_objects(out.feed(t)) for t in tokens]
+    steps.append(delta_objects(out.finish()))
     return steps
 
 
@@ -442,10 +447,7 @@ def test_chat_output_stream_reasoning_content_and_calls() -> None:
     content = "".join(str(p.get("content", "")) for p in pieces)
     assert reasoning == "The user wants Paris weather."
     assert content == "Let me check."
-    assert out.tool_calls[0]["function"] == {
-        "name": "get_weather",
-        "arguments": '{"city": "Paris"}',
-    }
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("get_weather", '{"city": "Paris"}')]
     assert out.result == parse_chat_output(
         QWEN3_OUTPUT, tool_format=get_format("hermes"), tools=TOOLS, reasoning=THINK
     )
@@ -493,12 +495,10 @@ def test_chat_output_stream_reconciles_to_the_parse(fmt: str, sample: Sample) ->
     steps = _run(out, [sample.text[i : i + 2] for i in range(0, len(sample.text), 2)])
     assert out.result is not None
     calls = out.tool_calls
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == list(
-        sample.calls
-    )
+    assert [(c.name, c.arguments) for c in calls] == list(sample.calls)
     sent_content = "".join(str(p.get("content", "")) for s in steps for p in s)
     assert sent_content == sample.content
-    assert len({c["id"] for c in calls}) == len(calls)
+    assert len({c.id for c in calls}) == len(calls)
 
 
 @pytest.mark.parametrize("defer", [True, False])
@@ -508,8 +508,8 @@ def test_whole_calls_are_sent_at_the_end_unless_told_otherwise(defer: bool) -> N
         "\nAnd some words after the call."
     )
     out = ChatOutputStream(tool_format=get_format("glm47"), tools=TOOLS, defer_whole_calls=defer)
-    during = [p for ch in text for p in out.feed(ch)]
-    end = out.finish()
+    during = [p for ch in text for p in delta_objects(out.feed(ch))]
+    end = delta_objects(out.finish())
     call_pieces = [p for p in during + end if "tool_calls" in p]
     assert len(call_pieces) == 2  # one start object, one arguments object
     assert call_pieces[0]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}

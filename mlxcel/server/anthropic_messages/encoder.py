@@ -1,10 +1,10 @@
 """Messages answers on the wire: engine events → Anthropic content blocks, JSON or SSE.
 
 The request is translated (`convert`) and admitted by the chat path (`ChatServing.start`);
-its life is `generation.Job`'s. Its output goes through the chat output plan; the plan's
-pieces (reasoning, content, tool-call fragments) become `thinking`, `text` and `tool_use`
-blocks. A failure after the stream started is an `error` event, Anthropic's way, and the
-stream ends there.
+its life is `generation.Job`'s. Its output goes through the chat output plan; its typed
+events (reasoning, content, tool-call starts and argument fragments) become `thinking`,
+`text` and `tool_use` blocks. A failure after the stream started is an `error` event,
+Anthropic's way, and the stream ends there.
 """
 
 from __future__ import annotations
@@ -14,6 +14,15 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mlxcel.engine.chat.tool_calls.base import (
+    ContentDelta,
+    OutputEvent,
+    ParseResult,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallStart,
+    new_call_id,
+)
 from mlxcel.engine.text.request import GenerationEvent
 from mlxcel.server.anthropic_messages.convert import anthropic_tool_id
 from mlxcel.server.anthropic_messages.protocol import (
@@ -67,30 +76,29 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value
 
 
-def content_blocks(message: dict[str, Any], with_thinking: bool = True) -> list[dict[str, Any]]:
-    """The content blocks of a chat `message` (thinking, text, tool_use; never empty)."""
+def content_blocks(
+    result: ParseResult, new_id: Callable[[], str] = new_call_id
+) -> list[dict[str, Any]]:
+    """The content blocks of a whole answer (thinking, text, tool_use; never empty); calls
+    without the model's own id get `new_id()` (as `toolu_...`)."""
     blocks: list[dict[str, Any]] = []
-    reasoning = message.get("reasoning_content")
-    if with_thinking and reasoning:
-        blocks.append(thinking_block(reasoning))
-    if message.get("content"):
-        blocks.append(text_block(message["content"]))
-    for call in message.get("tool_calls") or []:
-        function = call["function"]
-        blocks.append(
-            tool_use_block(
-                anthropic_tool_id(call["id"]), function["name"], tool_input(function["arguments"])
-            )
-        )
+    if result.reasoning:
+        blocks.append(thinking_block(result.reasoning))
+    if result.content:
+        blocks.append(text_block(result.content))
+    for call in result.calls:
+        call_id = anthropic_tool_id(call.id or new_id())
+        blocks.append(tool_use_block(call_id, call.name, tool_input(call.arguments)))
     return blocks or [text_block("")]
 
 
 class BlockEvents:
-    """Turns chat stream pieces into content-block events, one block open at a time.
+    """Turns a chat answer's output events into content-block events, one block open at a
+    time.
 
-    `feed(pieces)` returns the SSE events the pieces make (a block starts when the kind of
-    output changes: thinking, text, or a new tool call); `close()` ends the last block, or
-    sends one empty text block when the answer had none.
+    `feed(events)` returns the SSE events they make (a block starts when the kind of output
+    changes: thinking, text, or a new tool call); `close()` ends the last block, or sends
+    one empty text block when the answer had none.
     """
 
     def __init__(self) -> None:
@@ -99,16 +107,22 @@ class BlockEvents:
         self.tool_blocks: dict[int, int] = {}  # chat call index -> block index
         self._text_delta: Callable[[str], str] | None = None
 
-    def feed(self, pieces: Sequence[dict[str, Any]]) -> list[str]:
-        """The events for a list of chat `delta` objects."""
+    def feed(self, events: Sequence[OutputEvent]) -> list[str]:
+        """The SSE events for a list of output events."""
         out: list[str] = []
-        for piece in pieces:
-            if piece.get("reasoning_content"):
-                out += self._text("thinking", piece["reasoning_content"])
-            if piece.get("content"):
-                out += self._text("text", piece["content"])
-            for call in piece.get("tool_calls") or []:
-                out += self._call(call)
+        for event in events:
+            if isinstance(event, ReasoningDelta):
+                out += self._text("thinking", event.text)
+            elif isinstance(event, ContentDelta):
+                out += self._text("text", event.text)
+            elif isinstance(event, ToolCallStart):
+                block = tool_use_block(anthropic_tool_id(event.id), event.name, {})
+                out += self._start("tool_use", block)
+                self.tool_blocks[event.index] = self.index
+            elif isinstance(event, ToolCallArguments) and event.fragment:
+                index = self.tool_blocks.get(event.index, self.index)
+                delta = {"type": "input_json_delta", "partial_json": event.fragment}
+                out.append(self._delta(delta, index))
         return out
 
     def close(self) -> list[str]:
@@ -118,6 +132,8 @@ class BlockEvents:
 
     def _text(self, kind: str, text: str) -> list[str]:
         out: list[str] = []
+        if not text:
+            return out
         if self.open != kind:
             out += self._start(kind, thinking_block("") if kind == "thinking" else text_block(""))
         if kind == "text":
@@ -125,20 +141,6 @@ class BlockEvents:
             out.append(self._text_delta(text))
         else:
             out.append(self._delta({"type": "thinking_delta", "thinking": text}))
-        return out
-
-    def _call(self, call: dict[str, Any]) -> list[str]:
-        out: list[str] = []
-        chat_index = int(call.get("index", 0))
-        function = call.get("function") or {}
-        if call.get("id") is not None:  # the first fragment of a call: id and name
-            name = str(function.get("name") or "")
-            out += self._start("tool_use", tool_use_block(anthropic_tool_id(call["id"]), name, {}))
-            self.tool_blocks[chat_index] = self.index
-        fragment = function.get("arguments") or ""
-        if fragment:
-            index = self.tool_blocks.get(chat_index, self.index)
-            out.append(self._delta({"type": "input_json_delta", "partial_json": fragment}, index))
         return out
 
     def _delta(self, delta: dict[str, Any], index: int | None = None) -> str:
@@ -236,7 +238,8 @@ class MessagesEncoder(Encoder):
         result = plan.parse("".join(e.text for e in events))
         self.chat.check_forced(result)
         reason, sequence = self._reason(final, bool(result.calls))
-        blocks = content_blocks(plan.message(result), with_thinking=not plan.reasoning_in_content)
+        fmt = plan.tool_format
+        blocks = content_blocks(plan.shown(result), fmt.new_call_id if fmt else new_call_id)
         return message_object(
             self.message_id,
             self.model,

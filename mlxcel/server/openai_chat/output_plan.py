@@ -8,12 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from mlxcel.engine.chat.reasoning import ReasoningConfig, detect_reasoning, prompt_opens_reasoning
 from mlxcel.engine.chat.tool_calls import detect_format, get_format
-from mlxcel.engine.chat.tool_calls.base import ParseResult, ToolCallFormat
-from mlxcel.engine.chat.tool_calls.output import (
-    ChatOutputStream,
-    message_fields,
-    parse_chat_output,
+from mlxcel.engine.chat.tool_calls.base import (
+    ContentDelta,
+    OutputEvent,
+    ParseResult,
+    ReasoningDelta,
+    ToolCallFormat,
 )
+from mlxcel.engine.chat.tool_calls.output import ChatOutputStream, parse_chat_output
+from mlxcel.server.openai_chat.encoder import message_fields
 
 if TYPE_CHECKING:
     from mlxcel.server.state import ServerState
@@ -93,13 +96,21 @@ class OutputPlan:
         )
 
     def message(self, result: ParseResult) -> dict[str, Any]:
-        """The non-streamed `message` object of `result`."""
+        """The non-streamed chat `message` object of `result`."""
         message = message_fields(result, tool_format=self.tool_format)
         if self.reasoning_in_content and result.reasoning and self.reasoning is not None:
             block = f"{self.reasoning.open_tag}{result.reasoning}{self.reasoning.close_tag}"
             message["content"] = block + (message.get("content") or "")
             message.pop("reasoning_only", None)
         return message
+
+    def shown(self, result: ParseResult) -> ParseResult:
+        """`result` as a client sees it: with deepseek-legacy, the reasoning stays in the
+        content between its tags (and there is no separate reasoning)."""
+        if not (self.reasoning_in_content and result.reasoning and self.reasoning is not None):
+            return result
+        block = f"{self.reasoning.open_tag}{result.reasoning}{self.reasoning.close_tag}"
+        return ParseResult(block + result.content, result.calls, None)
 
 
 class LegacyReasoningStream(ChatOutputStream):
@@ -111,30 +122,30 @@ class LegacyReasoningStream(ChatOutputStream):
         self._open, self._close = config.open_tag, config.close_tag
         self._in_reasoning = False
 
-    def _legacy(self, pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for piece in pieces:
-            if "reasoning_content" in piece:
-                text = piece["reasoning_content"]
+    def _legacy(self, events: list[OutputEvent]) -> list[OutputEvent]:
+        out: list[OutputEvent] = []
+        for event in events:
+            if isinstance(event, ReasoningDelta):
+                text = event.text
                 if not self._in_reasoning:
                     text, self._in_reasoning = self._open + text, True
-                out.append({"content": text})
+                out.append(ContentDelta(text))
                 continue
             if self._in_reasoning:
                 self._in_reasoning = False
-                out.append({"content": self._close})
-            out.append(piece)
+                out.append(ContentDelta(self._close))
+            out.append(event)
         return out
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
+    def feed(self, text: str) -> list[OutputEvent]:
         return self._legacy(super().feed(text))
 
-    def finish(self) -> list[dict[str, Any]]:
-        pieces = self._legacy(super().finish())
+    def finish(self) -> list[OutputEvent]:
+        events = self._legacy(super().finish())
         if self._in_reasoning:
             self._in_reasoning = False
-            pieces.append({"content": self._close})
-        return pieces
+            events.append(ContentDelta(self._close))
+        return events
 
     @property
     def reasoning_only(self) -> bool:

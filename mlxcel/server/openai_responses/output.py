@@ -1,10 +1,10 @@
-"""Chat output deltas → Responses output items and the stream events that build them.
+"""Chat output events → Responses output items and the stream events that build them.
 
-`OutputAssembler.feed(delta)` takes one chat `delta` dict (`reasoning_content`, `content`,
-`tool_calls`, as `ChatOutputStream` makes them) and returns the events (dicts with a
-`type`, no sequence number yet) that add to the output; `finish(status)` closes every open
-item. `items` is the output built so far. A streamed and a non-streamed answer go through
-the same assembler, so both give the same output items.
+`OutputAssembler.feed(event)` takes one typed output event of `ChatOutputStream`
+(reasoning or content text, a call's start, its argument fragments) and returns the
+events (dicts with a `type`, no sequence number yet) that add to the output;
+`finish(status)` closes every open item. `items` is the output built so far. A streamed
+and a non-streamed answer go through the same assembler, so both give the same items.
 
 Items are sequential: opening an item (reasoning, message or function call) closes the
 open ones. A reasoning item streams `response.reasoning_text.delta`, a message
@@ -18,6 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mlxcel.engine.chat.tool_calls.base import (
+    ContentDelta,
+    OutputEvent,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallStart,
+)
 from mlxcel.server.openai_common import new_id
 
 IdMaker = Callable[[str], str]
@@ -34,18 +41,19 @@ class OutputAssembler:
 
     # ------------------------------------------------------------------ feeding
 
-    def feed(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events one chat `delta` makes (reasoning first, then content, then calls)."""
-        events: list[dict[str, Any]] = []
-        reasoning = delta.get("reasoning_content")
-        if isinstance(reasoning, str) and reasoning:
-            events += self._text("reasoning", reasoning)
-        content = delta.get("content")
-        if isinstance(content, str) and content:
-            events += self._text("message", content)
-        for call in delta.get("tool_calls") or ():
-            events += self._call(call)
-        return events
+    def feed(self, event: OutputEvent) -> list[dict[str, Any]]:
+        """The events one chat output event makes (call ends add nothing)."""
+        if isinstance(event, ReasoningDelta):
+            return self._text("reasoning", event.text) if event.text else []
+        if isinstance(event, ContentDelta):
+            return self._text("message", event.text) if event.text else []
+        if isinstance(event, ToolCallStart):
+            events = self._open_item("function_call", call_id=event.id, name=event.name)
+            self._calls[event.index] = self._open[-1]
+            return events
+        if isinstance(event, ToolCallArguments):
+            return self._arguments(event.index, event.fragment)
+        return []
 
     def finish(self, status: str = "completed") -> list[dict[str, Any]]:
         """Close every open item (`status`: completed or incomplete); the closing events.
@@ -133,19 +141,12 @@ class OutputAssembler:
             )
         return events
 
-    def _call(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    def _arguments(self, chat_index: int, fragment: str) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        function = entry.get("function") or {}
-        chat_index = int(entry.get("index", 0))
-        if entry.get("id") is not None or chat_index not in self._calls:
-            events += self._open_item(
-                "function_call",
-                call_id=entry.get("id") or self._make_id("call_"),
-                name=function.get("name") or "",
-            )
+        if chat_index not in self._calls:  # arguments of a call never started: open one
+            events += self._open_item("function_call", call_id=self._make_id("call_"), name="")
             self._calls[chat_index] = self._open[-1]
         index = self._calls[chat_index]
-        fragment = function.get("arguments") or ""
         if not fragment:
             return events
         item = self.items[index]

@@ -5,7 +5,7 @@
     stream = fmt.stream_filter(tools)            # feed(text) / finish() -> deltas
 
 For serving, `ChatOutputStream` (module `output`) chains the reasoning split, the format's
-filter and `StreamingToolCallAssembler` into OpenAI `delta` objects, one feed per token.
+filter and `StreamingToolCallAssembler` into typed output events, one feed per token.
 Nothing here imports MLX.
 """
 

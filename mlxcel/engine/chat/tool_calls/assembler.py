@@ -1,19 +1,15 @@
-"""Stream deltas → the `delta` objects of OpenAI chat-completion chunks.
+"""Stream deltas → a chat answer's typed output events, with stable call ids.
 
 `StreamingToolCallAssembler.step` turns the deltas of one step (one generated token) into
-zero or more chunk `delta` objects, in order:
-
-* text: `{"reasoning_content": ...}` and/or `{"content": ...}` (one object for a run of text);
-* a call's start: `{"tool_calls": [{"index", "id", "type": "function",
-  "function": {"name", "arguments": ""}}]}` — its own object;
-* argument text: `{"tool_calls": [{"index", "function": {"arguments": ...}}]}`, one object
-  per run of fragments of the same call.
+output events, in order: `ContentDelta` / `ReasoningDelta` (empty text dropped), and for a
+call `ToolCallStart(index, id, name)` once, then `ToolCallArguments(index, fragment)`.
 
 Ids are made once per call (`call_...`, or what the format prefers) and kept. At the end,
 `reconcile` compares what was streamed with the authoritative parse of the whole output:
-streamed calls keep their id and receive only the missing remainder, calls never streamed get
-a start object and an arguments object, and any disagreement is logged at warning level with
-the request id.
+streamed calls keep their id and receive only the missing remainder, calls never streamed
+get a start and their arguments, every call then gets its `ToolCallEnd`, and any
+disagreement is logged at warning level with the request id. Turning the events into an
+API's wire shape is the server's work (one encoder per API family).
 """
 
 from __future__ import annotations
@@ -21,14 +17,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from mlxcel.engine.chat.tool_calls.base import (
     ContentDelta,
     Delta,
+    OutputEvent,
     ParseResult,
     ReasoningDelta,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallEnd,
     ToolCallFormat,
+    ToolCallStart,
     new_call_id,
 )
 
@@ -42,27 +42,8 @@ class _StreamedCall:
     arguments: list[str] = field(default_factory=list)
 
 
-def start_piece(index: int, call_id: str, name: str) -> dict[str, Any]:
-    """The `delta` that opens call `index`."""
-    return {
-        "tool_calls": [
-            {
-                "index": index,
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": ""},
-            }
-        ]
-    }
-
-
-def arguments_piece(index: int, fragment: str) -> dict[str, Any]:
-    """A `delta` carrying argument text of call `index`."""
-    return {"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}
-
-
 class StreamingToolCallAssembler:
-    """Builds chunk `delta` objects for one streamed choice (see module docstring)."""
+    """Builds the output events of one streamed answer (see module docstring)."""
 
     def __init__(
         self,
@@ -93,68 +74,54 @@ class StreamingToolCallAssembler:
         """All reasoning sent so far."""
         return "".join(self._reasoning)
 
-    def step(self, deltas: Sequence[Delta]) -> list[dict[str, Any]]:
-        """The chunk `delta` objects for one step's deltas ([] when nothing is visible)."""
-        pieces: list[dict[str, Any]] = []
-        last: dict[str, Any] | None = None
-        last_index = -1  # the call whose arguments `last` carries, or -1 for text
+    def step(self, deltas: Sequence[Delta]) -> list[OutputEvent]:
+        """The output events of one step's deltas ([] when nothing is visible)."""
+        events: list[OutputEvent] = []
         for delta in deltas:
-            if isinstance(delta, (ContentDelta, ReasoningDelta)):
-                if not delta.text:
-                    continue
-                key = "content" if isinstance(delta, ContentDelta) else "reasoning_content"
-                (self._content if key == "content" else self._reasoning).append(delta.text)
-                # Text joins the text object before it, but reasoning never follows content.
-                if (
-                    last is not None
-                    and last_index == -1
-                    and not (key == "reasoning_content" and "content" in last)
-                ):
-                    last[key] = last.get(key, "") + delta.text
-                else:
-                    last = {key: delta.text}
-                    last_index = -1
-                    pieces.append(last)
+            if isinstance(delta, ContentDelta):
+                if delta.text:
+                    self._content.append(delta.text)
+                    events.append(delta)
+                continue
+            if isinstance(delta, ReasoningDelta):
+                if delta.text:
+                    self._reasoning.append(delta.text)
+                    events.append(delta)
                 continue
             if delta.name is not None:
                 opened = _StreamedCall(delta.id or self._new_id(), delta.name)
                 self._calls[delta.index] = opened
-                pieces.append(start_piece(delta.index, opened.id, opened.name))
-                last, last_index = None, -2
+                events.append(ToolCallStart(delta.index, opened.id, opened.name))
             streamed = self._calls.get(delta.index)
             if streamed is None or not delta.arguments_fragment:
                 continue
             streamed.arguments.append(delta.arguments_fragment)
-            if last is not None and last_index == delta.index:
-                entry = last["tool_calls"][0]["function"]
-                entry["arguments"] += delta.arguments_fragment
-            else:
-                last = arguments_piece(delta.index, delta.arguments_fragment)
-                last_index = delta.index
-                pieces.append(last)
-        return pieces
+            events.append(ToolCallArguments(delta.index, delta.arguments_fragment))
+        return events
 
-    def reconcile(self, final: ParseResult) -> list[dict[str, Any]]:
-        """What the stream still owes so that it matches `final` (the whole-output parse)."""
-        pieces: list[dict[str, Any]] = []
-        for key, sent, value in (
-            ("reasoning_content", self._reasoning, final.reasoning or ""),
-            ("content", self._content, final.content),
-        ):
+    def reconcile(self, final: ParseResult) -> list[OutputEvent]:
+        """What the stream still owes so that it matches `final` (the whole-output parse),
+        then the end of every call."""
+        events: list[OutputEvent] = []
+        texts: tuple[tuple[type[ContentDelta | ReasoningDelta], str, list[str], str], ...] = (
+            (ReasoningDelta, "reasoning", self._reasoning, final.reasoning or ""),
+            (ContentDelta, "content", self._content, final.content),
+        )
+        for kind, label, sent, value in texts:
             streamed = "".join(sent)
             if value == streamed:
                 continue
             if value.startswith(streamed):
                 sent.append(value[len(streamed) :])
-                pieces.append({key: value[len(streamed) :]})
+                events.append(kind(value[len(streamed) :]))
             else:
-                self._warn(f"streamed {key} differs from the final parse")
+                self._warn(f"streamed {label} differs from the final parse")
         for index, call in enumerate(final.calls):
             streamed_call = self._calls.get(index)
             if streamed_call is None:
                 streamed_call = _StreamedCall(call.id or self._new_id(), call.name)
                 self._calls[index] = streamed_call
-                pieces.append(start_piece(index, streamed_call.id, call.name))
+                events.append(ToolCallStart(index, streamed_call.id, call.name))
             elif streamed_call.name != call.name:
                 self._warn(
                     f"tool call {index} streamed as {streamed_call.name!r}, parsed as {call.name!r}"
@@ -164,38 +131,21 @@ class StreamingToolCallAssembler:
                 rest = call.arguments[len(sent_arguments) :]
                 if rest:
                     streamed_call.arguments.append(rest)
-                    pieces.append(arguments_piece(index, rest))
+                    events.append(ToolCallArguments(index, rest))
             else:
                 self._warn(f"tool call {index} arguments differ from the final parse")
         extra = sorted(i for i in self._calls if i >= len(final.calls))
         if extra:
             self._warn(f"tool calls {extra} were streamed but are not in the final parse")
-        return pieces
+        events += [ToolCallEnd(index) for index in sorted(self._calls)]
+        return events
 
-    def tool_calls(self) -> list[dict[str, Any]]:
-        """The calls sent so far, as `message.tool_calls` entries (ids as streamed)."""
-        return [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": "".join(call.arguments)},
-            }
+    def calls(self) -> tuple[ToolCall, ...]:
+        """The calls sent so far, in index order, with the ids they were sent with."""
+        return tuple(
+            ToolCall(call.name, "".join(call.arguments), call.id)
             for _, call in sorted(self._calls.items())
-        ]
+        )
 
     def _warn(self, what: str) -> None:
         log.warning("request %s: %s", self._request_id or "-", what)
-
-
-def message_tool_calls(
-    result: ParseResult, new_id: Callable[[], str] = new_call_id
-) -> list[dict[str, Any]]:
-    """`message.tool_calls` for a non-streamed result (fresh ids unless the model gave one)."""
-    return [
-        {
-            "id": call.id or new_id(),
-            "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments},
-        }
-        for call in result.calls
-    ]

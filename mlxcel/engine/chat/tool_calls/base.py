@@ -74,6 +74,34 @@ class ToolCallDelta:
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta
 
 
+@dataclass(frozen=True)
+class ToolCallStart:
+    """Output event: call `index` opens, with its id (kept for the whole answer) and name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArguments:
+    """Output event: more argument text of call `index` (fragments concatenate)."""
+
+    index: int
+    fragment: str
+
+
+@dataclass(frozen=True)
+class ToolCallEnd:
+    """Output event: call `index` is complete (sent once per call, when the output ends)."""
+
+    index: int
+
+
+OutputEvent = ContentDelta | ReasoningDelta | ToolCallStart | ToolCallArguments | ToolCallEnd
+"""What a chat answer's output stream yields: typed, no wire shape (each API encodes it)."""
+
+
 class StreamFilter(Protocol):
     """Incremental parser: `feed` each new piece of text, `finish` once at the end."""
 

@@ -4,17 +4,16 @@ Streaming, per request::
 
     out = ChatOutputStream(tool_format=fmt, tools=tools, reasoning=cfg,
                            start_in_reasoning=opened, request_id=rid)
-    for each generated token:  pieces = out.feed(token_text)     # list of `delta` dicts
-    at the end:                pieces = out.finish()             # flush + reconcile
+    for each generated token:  events = out.feed(token_text)     # typed output events
+    at the end:                events = out.finish()             # flush + reconcile
     out.result                 # the authoritative ParseResult of the whole output
 
-Each piece is the `delta` of one SSE chunk. With logprobs, keep one chunk position per
-generated token: the token's logprobs go on the first chunk of its pieces, or, when `feed`
-returned nothing (held text, suppressed markup), on a placeholder chunk with
-`delta: {"content": ""}`; pieces from `finish` carry no logprobs. The finish chunk takes
-`finish_reason(out.result, engine_reason)` and, if `out.reasoning_only`, `reasoning_only: true`.
+The events are typed (`ContentDelta`, `ReasoningDelta`, `ToolCallStart`,
+`ToolCallArguments`, `ToolCallEnd` of `tool_calls.base`); the server's encoder of each API
+family turns them into its wire shape. `feed` may return nothing for a token (held text,
+suppressed markup). `finish_reason(out.result, engine_reason)` is the answer's reason.
 
-Non-streaming: `parse_chat_output(text, ...)` and `message_fields(result, ...)`.
+Non-streaming: `parse_chat_output(text, ...)`.
 
 The reasoning split runs first; its content goes through the tool-call format's filter.
 Harmony models use one filter for both (their channels carry reasoning, content and calls).
@@ -25,19 +24,17 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcel.engine.chat.reasoning import ReasoningConfig, reasoning_filter, split_reasoning
-from mlxcel.engine.chat.tool_calls.assembler import (
-    StreamingToolCallAssembler,
-    message_tool_calls,
-)
+from mlxcel.engine.chat.tool_calls.assembler import StreamingToolCallAssembler
 from mlxcel.engine.chat.tool_calls.base import (
     ContentDelta,
     Delta,
+    OutputEvent,
     ParseResult,
     StreamFilter,
+    ToolCall,
     ToolCallDelta,
     ToolCallFormat,
     Tools,
-    new_call_id,
 )
 from mlxcel.engine.chat.tool_calls.harmony import HarmonyFilter, HarmonyFormat
 
@@ -79,29 +76,10 @@ def finish_reason(result: ParseResult, engine_reason: str) -> str:
     return "tool_calls" if result.calls and engine_reason == "stop" else engine_reason
 
 
-def message_fields(
-    result: ParseResult, *, tool_format: ToolCallFormat | None = None
-) -> dict[str, Any]:
-    """The assistant `message` of a non-streamed answer: content (None when only calls),
-    reasoning_content, tool_calls and reasoning_only, each only when it applies."""
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": result.content if result.content or not result.calls else None,
-    }
-    if result.reasoning:
-        message["reasoning_content"] = result.reasoning
-    if result.calls:
-        new_id = tool_format.new_call_id if tool_format else new_call_id
-        message["tool_calls"] = message_tool_calls(result, new_id)
-    if reasoning_only(result):
-        message["reasoning_only"] = True
-    return message
-
-
 class ChatOutputStream:
-    """Streams one choice's output as chunk `delta` objects (see module docstring).
+    """Streams one choice's output as typed output events (see module docstring).
 
-    `feed` takes the text of one generated token and returns the `delta` objects it makes
+    `feed` takes the text of one generated token and returns the events it makes
     visible, possibly none (text held back, or markup that is never shown). `finish` flushes
     what is held, parses the whole output and returns what the stream still owes.
 
@@ -141,16 +119,16 @@ class ChatOutputStream:
         self._parts: list[str] = []
         self.result: ParseResult | None = None
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        """The `delta` objects one token's text makes visible ([] if none)."""
+    def feed(self, text: str) -> list[OutputEvent]:
+        """The events one token's text makes visible ([] if none)."""
         if self.result is not None:
             raise RuntimeError("feed after finish")
         self._parts.append(text)
         first: list[Delta] = self._first.feed(text) if self._first else [ContentDelta(text)]
         return self._assembler.step(self._visible(self._through_tools(first)))
 
-    def finish(self) -> list[dict[str, Any]]:
-        """End of generation: the remaining `delta` objects; sets `result`."""
+    def finish(self) -> list[OutputEvent]:
+        """End of generation: the remaining events, every call's end; sets `result`."""
         if self.result is not None:
             return []
         deltas = self._through_tools(self._first.finish() if self._first else [])
@@ -161,9 +139,9 @@ class ChatOutputStream:
         return pieces + self._assembler.reconcile(self.result)
 
     @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        """The calls streamed so far as `message.tool_calls` entries (ids as sent)."""
-        return self._assembler.tool_calls()
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The calls streamed so far (ids as sent)."""
+        return self._assembler.calls()
 
     @property
     def content_sent(self) -> bool:
@@ -172,11 +150,11 @@ class ChatOutputStream:
 
     @property
     def reasoning_only(self) -> bool:
-        """For the finish chunk: reasoning was sent, but no content and no calls."""
+        """Reasoning was sent, but no content and no calls."""
         return (
             bool(self._assembler.reasoning_sent)
             and not self._assembler.content_sent
-            and not self._assembler.tool_calls()
+            and not self._assembler.calls()
         )
 
     def _visible(self, deltas: list[Delta]) -> list[Delta]:
