@@ -91,6 +91,8 @@ def test_z_image_img2img_runs_and_starts_from_the_picture(z_image: Any) -> None:
         prompt="a dog", width=16, height=16, seed=2, steps=4, images=[source.png], strength=0.5
     )
     assert z_image.steps_of(job) == 2
+    default = ImageJob(prompt="a dog", width=16, height=16, steps=10, images=[source.png])
+    assert z_image.steps_of(default) == 6  # img2img strength 0.4 unless given
     moved = z_image.generate(job)[0]
     assert png_size(moved.png) == (16, 16)
     assert moved.png != plain.png

@@ -29,6 +29,7 @@ from mlxcel.engine.image.request import ImageJob
 log = logging.getLogger(__name__)
 
 MAX_INPUT_PIXELS = 4096 * 4096
+DEFAULT_IMG2IMG_STRENGTH = 0.4
 
 StepCallback = Callable[[int, int], None]
 """Called after each denoising step with (steps done, steps in all) over the whole job."""
@@ -105,11 +106,21 @@ class ImageModel:
                 f"{self.family.name} models take {what}, got {len(job.images)}"
             )
 
+    def strength_of(self, job: ImageJob) -> float | None:
+        """The image strength `job` runs with: its own, else DEFAULT_IMG2IMG_STRENGTH for an
+        img2img-only family (an input picture would otherwise be drowned in noise)."""
+        if not job.images:
+            return None
+        if job.strength is None and not self.family.edit:
+            return DEFAULT_IMG2IMG_STRENGTH
+        return job.strength
+
     def steps_of(self, job: ImageJob) -> int:
         """Denoising steps one image of `job` runs (img2img skips the first ones)."""
         steps = job.steps or self.family.default_steps
-        if job.images and job.strength is not None:
-            return steps - max(1, int(steps * job.strength))
+        strength = self.strength_of(job)
+        if strength is not None:
+            return steps - max(1, int(steps * strength))
         return steps
 
     def generate(
@@ -149,7 +160,7 @@ class ImageModel:
     def _one(self, job: ImageJob, seed: int, paths: list[Path]) -> GeneratedPicture:
         steps = job.steps or self.family.default_steps
         guidance = self.family.default_guidance if job.guidance is None else job.guidance
-        strength = job.strength if paths else None
+        strength = self.strength_of(job)
         if self.family is Z_IMAGE:
             result = self.pipeline.generate_image(
                 seed=seed,
