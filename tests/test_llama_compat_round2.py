@@ -83,3 +83,14 @@ def test_reasoning_off_renders_thinking_off_and_splits_nothing(server: str) -> N
     assert on.rstrip().endswith("<think>")
     props = _get(server, "/props").json()
     assert props["default_generation_settings"]["params"]["reasoning_format"] == "none"
+
+
+def test_wrong_type_errors_say_what_the_field_accepts(server: str) -> None:
+    response = _post(server, "/v1/responses", {"input": 5})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["message"] == "input: must be a string or an array"
+    assert error["type"] == "invalid_request_error"
+    chat = _post(server, "/v1/chat/completions", {"messages": HI, "temperature": "hot"})
+    assert chat.status_code == 400
+    assert chat.json()["error"]["message"].startswith("temperature: must be a number")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -153,15 +154,66 @@ _STATUS_TYPES = {
 }
 
 
+# What a pydantic type error expects, in JSON's words.
+_EXPECTED = {
+    "string_type": "a string",
+    "list_type": "an array",
+    "tuple_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "a boolean",
+    "bool_parsing": "a boolean",
+}
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return "an object" if isinstance(value, Mapping) else type(value).__name__
+
+
 def _validation_message(exc: RequestValidationError) -> str:
+    """One line: where the body is wrong and what that field accepts.
+
+    A field that accepts several types (`input`: a string or an array) fails once per
+    type; those failures become one "must be a string or an array (got a number)".
+    """
     errors = exc.errors()
     if not errors:
         return "invalid request body"
     first = errors[0]
     if first.get("type") == "json_invalid":
         return "request body is not valid JSON"
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    message = str(first.get("msg", "invalid value"))
+    loc = tuple(first.get("loc", ()))
+    siblings = [e for e in errors if len(loc) > 1 and tuple(e.get("loc", ()))[:-1] == loc[:-1]]
+    union = len(siblings) > 1 and all(
+        str(e.get("type")) in _EXPECTED and e.get("input") is first.get("input") for e in siblings
+    )
+    if union:
+        loc = loc[:-1]
+    where = ".".join(str(p) for p in loc if p != "body")
+    kinds = [_EXPECTED.get(str(e.get("type"))) for e in (siblings if union else [first])]
+    if all(kinds):
+        accepted = " or ".join(dict.fromkeys(k for k in kinds if k))
+        message = f"must be {accepted}"
+        if "input" in first:  # absent where the route keeps request values out of errors
+            message += f" (got {_json_kind(first['input'])})"
+    else:
+        message = str(first.get("msg", "invalid value"))
     return f"{where}: {message}" if where else message
 
 
