@@ -13,9 +13,8 @@ from mlxcel.engine.text.prompt_cache import (
     BLOCK_SIZE,
     PromptCache,
     block_hashes,
-    disabled_reset,
-    disabled_stats,
 )
+from mlxcel.server.ops.cache import reset_payload, stats_payload
 
 LAYERS, HEADS, DIM = 2, 2, 4
 ENTRY_BYTES = LAYERS * 2 * HEADS * DIM * 4  # per token: keys + values, float32
@@ -173,7 +172,7 @@ def test_mismatched_or_short_sequences_are_not_stored() -> None:
     cache = PromptCache()
     assert not cache.insert(seq(1, 10), kv_for(seq(1, 10)))
     assert not cache.insert(seq(1, 32), kv_for(seq(1, 31)))  # cache size != tokens
-    assert cache.stats()["entries"] == 0 and cache.stats()["inserts"] == 0
+    assert cache.stats().entries == 0 and cache.stats().inserts == 0
 
 
 def test_covered_sequences_add_nothing_and_extensions_replace_prefixes() -> None:
@@ -185,8 +184,8 @@ def test_covered_sequences_add_nothing_and_extensions_replace_prefixes() -> None
     longer = base + seq(900, 20)
     assert cache.insert(longer, kv_for(longer))
     stats = cache.stats()
-    assert stats["entries"] == 1 and stats["inserts"] == 2
-    assert stats["bytes"] == len(longer) * ENTRY_BYTES
+    assert stats.entries == 1 and stats.inserts == 2
+    assert stats.bytes == len(longer) * ENTRY_BYTES
     kv, n = cache.lookup(base + [3])
     assert n == 40 and kv is not None and rows(kv) == base
 
@@ -204,7 +203,7 @@ def test_lru_eviction_by_entry_count() -> None:
     assert cache.lookup(b + [1]) == (None, 0)
     assert cache.lookup(a + [1])[1] == 16
     assert cache.lookup(c + [1])[1] == 16
-    assert cache.stats()["evictions_lru"] == 1
+    assert cache.stats().evictions_lru == 1
 
 
 def test_byte_cap_evicts_and_rejects_oversized() -> None:
@@ -214,12 +213,12 @@ def test_byte_cap_evicts_and_rejects_oversized() -> None:
     for s in (a, b, c):
         assert cache.insert(s, kv_for(s))
     stats = cache.stats()
-    assert stats["entries"] == 2 and stats["bytes"] == 2 * one
-    assert stats["evictions_lru"] == 1 and stats["capacity_bytes"] == 2 * one + 10
+    assert stats.entries == 2 and stats.bytes == 2 * one
+    assert stats.evictions_lru == 1 and stats.capacity_bytes == 2 * one + 10
     big = seq(300, 48)
     assert not cache.insert(big, kv_for(big))
-    assert cache.stats()["rejections_oversized"] == 1
-    assert cache.stats()["entries"] == 2
+    assert cache.stats().rejections_oversized == 1
+    assert cache.stats().entries == 2
 
 
 def test_ttl_expires_unused_entries() -> None:
@@ -231,13 +230,13 @@ def test_ttl_expires_unused_entries() -> None:
     cache.insert(b, kv_for(b))
     clock.now += 40  # `a` is 70 s old, `b` 40 s
     stats = cache.stats()
-    assert stats["entries"] == 1 and stats["evictions_ttl"] == 1
+    assert stats.entries == 1 and stats.evictions_ttl == 1
     assert cache.lookup(a + [1]) == (None, 0)
     assert cache.lookup(b + [1])[1] == 16  # a hit refreshes `b`
     clock.now += 59
-    assert cache.stats()["entries"] == 1
+    assert cache.stats().entries == 1
     clock.now += 2
-    assert cache.stats()["entries"] == 0 and cache.stats()["evictions_ttl"] == 2
+    assert cache.stats().entries == 0 and cache.stats().evictions_ttl == 2
 
 
 # --------------------------------------------------------------------------- counters
@@ -252,8 +251,8 @@ def test_counters_match_the_stats_payload() -> None:
     cache.lookup(a + [1])
     cache.lookup(seq(5000, 20))
     cache.lookup(b[:18])
-    stats = cache.stats()
-    assert list(stats) == list(disabled_stats())
+    stats = stats_payload(cache.stats())
+    assert list(stats) == list(stats_payload(None))
     assert stats == {
         "enabled": True,
         "apc_enabled": False,
@@ -274,7 +273,6 @@ def test_counters_match_the_stats_payload() -> None:
         "unique_block_hashes": 3,
         "apc_active_entries": 0,
     }
-    assert cache.tokens_reused == 40 + 17
 
 
 def test_reset_frees_everything_and_is_idempotent() -> None:
@@ -282,20 +280,21 @@ def test_reset_frees_everything_and_is_idempotent() -> None:
     a = seq(0, 32)
     cache.insert(a, kv_for(a))
     cache.lookup(a + [1])
-    assert cache.reset() == {"cleared": True, "freed_bytes": 32 * ENTRY_BYTES, "freed_entries": 1}
-    assert cache.reset() == {"cleared": True, "freed_bytes": 0, "freed_entries": 0}
+    freed = reset_payload(cache.reset())
+    assert freed == {"cleared": True, "freed_bytes": 32 * ENTRY_BYTES, "freed_entries": 1}
+    assert reset_payload(cache.reset()) == {"cleared": True, "freed_bytes": 0, "freed_entries": 0}
     stats = cache.stats()
-    assert stats["entries"] == 0 and stats["bytes"] == 0 and stats["unique_block_hashes"] == 0
-    assert stats["hits"] == 1 and stats["inserts"] == 1  # counters survive a reset
+    assert stats.entries == 0 and stats.bytes == 0 and stats.unique_block_hashes == 0
+    assert stats.hits == 1 and stats.inserts == 1  # counters survive a reset
     assert cache.lookup(a + [1]) == (None, 0)
 
 
 def test_disabled_payloads_are_stable() -> None:
-    stats = disabled_stats()
+    stats = stats_payload(None)
     assert stats["enabled"] is False and stats["apc_enabled"] is False
     assert stats["block_size"] == 16 and stats["hash"] == "sha256"
     assert all(stats[k] == 0 for k in ("entries", "bytes", "hits", "lookups", "inserts"))
-    assert disabled_reset() == {"cleared": True, "freed_bytes": 0, "freed_entries": 0}
+    assert reset_payload(None) == {"cleared": True, "freed_bytes": 0, "freed_entries": 0}
 
 
 def test_from_settings() -> None:
@@ -318,7 +317,7 @@ def test_stats_and_reset_from_other_threads() -> None:
         try:
             while not stop.is_set():
                 stats = cache.stats()
-                assert stats["entries"] <= 8
+                assert stats.entries <= 8
                 cache.reset()
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -337,8 +336,8 @@ def test_stats_and_reset_from_other_threads() -> None:
             t.join()
     assert not errors
     stats = cache.stats()
-    assert stats["lookups"] == 40 and stats["inserts"] == 40
-    assert stats["bytes"] == stats["entries"] * 20 * ENTRY_BYTES
+    assert stats.lookups == 40 and stats.inserts == 40
+    assert stats.bytes == stats.entries * 20 * ENTRY_BYTES
 
 
 # ------------------------------------------------------------ through the engine, real model
@@ -392,7 +391,7 @@ def test_cached_run_matches_cold_run(tiny_loaded: Any) -> None:
     assert warm_final.timings.prompt_n == 1
     assert first == cold and warm == cold
     stats = cache.stats()
-    assert (stats["lookups"], stats["hits"], stats["inserts"]) == (2, 1, 1)
+    assert (stats.lookups, stats.hits, stats.inserts) == (2, 1, 1)
 
 
 def test_cache_prompt_false_adds_nothing(tiny_loaded: Any) -> None:
@@ -404,7 +403,7 @@ def test_cache_prompt_false_adds_nothing(tiny_loaded: Any) -> None:
     finally:
         engine.stop()
     stats = cache.stats()
-    assert stats["lookups"] == 0 and stats["inserts"] == 0 and stats["entries"] == 0
+    assert stats.lookups == 0 and stats.inserts == 0 and stats.entries == 0
 
 
 def test_sequences_the_scheduler_ends_are_stored(tiny_loaded: Any) -> None:
@@ -420,7 +419,7 @@ def test_sequences_the_scheduler_ends_are_stored(tiny_loaded: Any) -> None:
         # A stop string: the scheduler removes the sequence itself.
         _, final = _run(engine, _request(tiny_loaded, n=12, stop=(stop,)))
         assert final.finish_reason == "stop"
-        assert cache.stats()["inserts"] == 1
+        assert cache.stats().inserts == 1
         cache.reset()
         # A cancelled sequence keeps what it had computed.
         request = _request(tiny_loaded, n=400)
@@ -435,7 +434,7 @@ def test_sequences_the_scheduler_ends_are_stored(tiny_loaded: Any) -> None:
     finally:
         engine.stop()
     stats = cache.stats()
-    assert stats["inserts"] == 2 and stats["entries"] == 1  # the reset kept the counters
+    assert stats.inserts == 2 and stats.entries == 1  # the reset kept the counters
     probe = [*request.prompt_tokens, 7]
     _, n_cached = cache.lookup(probe)
     assert n_cached == len(request.prompt_tokens)

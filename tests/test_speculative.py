@@ -489,7 +489,7 @@ def test_cancel_in_the_lane_keeps_the_engine_and_the_cache(tiny_loaded: Any, bas
         while not (event := events.get(timeout=60)).finished:
             pass
         assert event.finish_reason == "cancelled"
-        assert cache.stats()["inserts"] == 1  # the lane's KV cache was kept
+        assert cache.stats().inserts == 1  # the lane's KV cache was kept
         _, n_cached = cache.lookup([*request.prompt_tokens, 1])
         assert n_cached == len(request.prompt_tokens)
         # The engine goes on; a cached prompt through the lane gives the same output.

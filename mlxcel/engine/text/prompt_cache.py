@@ -9,8 +9,8 @@ at least one prompt token to prefill. Entries leave by LRU order, by TTL and und
 cap. Lookups and inserts run on the engine thread; `stats()` and `reset()` may be called
 from any thread (one lock guards the bookkeeping; MLX work happens outside it).
 
-MLX is only imported inside functions, so the server can import this module for its
-payload shapes without loading MLX.
+MLX is only imported inside functions, so the server can import this module (for its
+`CacheStats`) without loading MLX; the HTTP payloads are the server's.
 """
 
 from __future__ import annotations
@@ -60,33 +60,36 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
     return n
 
 
-def disabled_stats() -> dict[str, Any]:
-    """The `/v1/cache/stats` payload of a server without a prompt cache."""
-    return {
-        "enabled": False,
-        "apc_enabled": False,
-        "block_size": BLOCK_SIZE,
-        "hash": HASH_NAME,
-        "entries": 0,
-        "bytes": 0,
-        "capacity_bytes": 0,
-        "max_entries": 0,
-        "hits": 0,
-        "lookups": 0,
-        "hit_rate": 0.0,
-        "inserts": 0,
-        "evictions_lru": 0,
-        "evictions_ttl": 0,
-        "rejections_oversized": 0,
-        "total_blocks_stored": 0,
-        "unique_block_hashes": 0,
-        "apc_active_entries": 0,
-    }
+@dataclass(frozen=True)
+class CacheStats:
+    """The cache's size and counters at one moment (the server shapes `/v1/cache/stats`)."""
+
+    block_size: int
+    entries: int
+    bytes: int
+    capacity_bytes: int
+    max_entries: int
+    hits: int
+    lookups: int
+    inserts: int
+    evictions_lru: int
+    evictions_ttl: int
+    rejections_oversized: int
+    total_blocks_stored: int
+    unique_block_hashes: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits per lookup (0 before the first lookup)."""
+        return self.hits / self.lookups if self.lookups else 0.0
 
 
-def disabled_reset() -> dict[str, Any]:
-    """The `/v1/cache/reset` payload of a server without a prompt cache."""
-    return {"cleared": True, "freed_bytes": 0, "freed_entries": 0}
+@dataclass(frozen=True)
+class CacheReset:
+    """What one `reset()` freed."""
+
+    freed_bytes: int
+    freed_entries: int
 
 
 @dataclass
@@ -197,7 +200,6 @@ class PromptCache:
         self.evictions_lru = 0
         self.evictions_ttl = 0
         self.rejections_oversized = 0
-        self.tokens_reused = 0  # prompt tokens served from the cache (for `/metrics`)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PromptCache | None:
@@ -224,7 +226,6 @@ class PromptCache:
             if entry is None:
                 return None, 0
             self.hits += 1
-            self.tokens_reused += n_cached
             entry.last_used = self._clock()
             self._entries.move_to_end(entry.id)
         return _copy_prefix(entry.cache, n_cached, len(entry.tokens)), n_cached
@@ -291,39 +292,34 @@ class PromptCache:
 
     # -------------------------------------------------------------------- any thread
 
-    def stats(self) -> dict[str, Any]:
-        """The `/v1/cache/stats` payload."""
+    def stats(self) -> CacheStats:
+        """Size and counters now (expired entries dropped first)."""
         with self._lock:
             self._expire(self._clock())
-            return {
-                "enabled": True,
-                "apc_enabled": False,
-                "block_size": self.block_size,
-                "hash": HASH_NAME,
-                "entries": len(self._entries),
-                "bytes": self._bytes,
-                "capacity_bytes": self.capacity_bytes,
-                "max_entries": self.max_entries,
-                "hits": self.hits,
-                "lookups": self.lookups,
-                "hit_rate": self.hits / self.lookups if self.lookups else 0.0,
-                "inserts": self.inserts,
-                "evictions_lru": self.evictions_lru,
-                "evictions_ttl": self.evictions_ttl,
-                "rejections_oversized": self.rejections_oversized,
-                "total_blocks_stored": sum(len(e.hashes) for e in self._entries.values()),
-                "unique_block_hashes": len(self._index),
-                "apc_active_entries": 0,
-            }
+            return CacheStats(
+                block_size=self.block_size,
+                entries=len(self._entries),
+                bytes=self._bytes,
+                capacity_bytes=self.capacity_bytes,
+                max_entries=self.max_entries,
+                hits=self.hits,
+                lookups=self.lookups,
+                inserts=self.inserts,
+                evictions_lru=self.evictions_lru,
+                evictions_ttl=self.evictions_ttl,
+                rejections_oversized=self.rejections_oversized,
+                total_blocks_stored=sum(len(e.hashes) for e in self._entries.values()),
+                unique_block_hashes=len(self._index),
+            )
 
-    def reset(self) -> dict[str, Any]:
-        """Drop every entry; the `/v1/cache/reset` payload (idempotent). Counters stay."""
+    def reset(self) -> CacheReset:
+        """Drop every entry (idempotent); what it freed. Counters stay."""
         with self._lock:
-            freed_bytes, freed_entries = self._bytes, len(self._entries)
+            freed = CacheReset(self._bytes, len(self._entries))
             self._entries.clear()
             self._index.clear()
             self._bytes = 0
-        return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
+        return freed
 
     @property
     def nbytes(self) -> int:

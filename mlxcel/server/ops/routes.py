@@ -15,10 +15,10 @@ from mlxcel import __version__
 from mlxcel.engine.blas import blas_in_use
 from mlxcel.engine.cpu_kernels.build import kernel_status
 from mlxcel.engine.defaults import sampling_from_settings
-from mlxcel.engine.text.prompt_cache import disabled_reset, disabled_stats
 from mlxcel.server.errors import APIError, bad_request, install_error_handlers, server_busy
 from mlxcel.server.health import supports_tools
 from mlxcel.server.llama_native.protocol import default_settings_flat, sampling_params_view
+from mlxcel.server.ops.cache import reset_payload, stats_payload
 from mlxcel.server.ops.metrics import CONTENT_TYPE, metrics_text
 from mlxcel.server.state import ServerState, get_state
 
@@ -292,11 +292,11 @@ def metrics_app(state: ServerState) -> FastAPI:
 async def cache_stats(state: ServerState = Depends(get_state)) -> dict[str, Any]:
     """Prompt-cache counters (a stable disabled payload when the cache is off)."""
     cache = state.prompt_cache
-    return cache.stats() if cache is not None else disabled_stats()
+    return stats_payload(cache.stats() if cache is not None else None)
 
 
 @router.post("/v1/cache/reset")
 async def cache_reset(state: ServerState = Depends(get_state)) -> dict[str, Any]:
     """Drop every prompt-cache entry (idempotent)."""
     cache = state.prompt_cache
-    return cache.reset() if cache is not None else disabled_reset()
+    return reset_payload(cache.reset() if cache is not None else None)
