@@ -192,3 +192,29 @@ def test_worker_queue_full_and_timeout(z_image: Any) -> None:
             future.result(120)
     finally:
         slow.stop()
+
+
+def test_a_cancelled_caller_stops_its_job_at_the_next_step(z_image: Any) -> None:
+    import asyncio
+
+    worker = ImageWorker(z_image, queue_depth=2, timeout=None).start()
+    try:
+        long = ImageJob(prompt="x", width=16, height=16, steps=200, n=10)
+
+        async def give_up() -> None:
+            task = asyncio.ensure_future(worker.run(long))
+            await asyncio.sleep(0.05)
+            while worker.pending:  # until the worker has taken the job off its queue
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+            task.cancel()  # what a client that goes away does to its handler
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(give_up())
+        quick, _ = worker.submit(ImageJob(prompt="x", width=16, height=16, steps=1))
+        assert len(quick.result(300)) == 1
+        stats = worker.worker.stats
+        assert (stats.jobs, stats.failures) == (1, 1)  # the long job stopped, it did not finish
+    finally:
+        worker.stop()
