@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from mlxcel.engine.sampling.params import SamplingParams
+from mlxcel.engine.sampling.params import SAMPLING_KNOBS, SamplingParams
 from mlxcel.engine.text.loop_detection import LoopParams, resolve_loop_params
 
 if TYPE_CHECKING:
@@ -23,25 +23,11 @@ def sampling_from_settings(
         for text in settings.dry_sequence_breaker:
             ids.update(tokenizer.encode(text, add_special=False))
         breakers = tuple(sorted(ids))
-    values: dict[str, Any] = {
-        "temperature": settings.temp,
-        "top_k": settings.top_k,
-        "top_p": settings.top_p,
-        "min_p": settings.min_p,
-        "repetition_penalty": settings.repeat_penalty,
-        "repetition_context_size": settings.repeat_last_n,
-        "penalty_context_size": settings.repeat_last_n,
-        "presence_penalty": settings.presence_penalty,
-        "frequency_penalty": settings.frequency_penalty,
-        "dry_multiplier": settings.dry_multiplier,
-        "dry_base": settings.dry_base,
-        "dry_allowed_length": settings.dry_allowed_length,
-        "dry_penalty_last_n": settings.dry_penalty_last_n,
-        "dry_sequence_breakers": breakers,
-        "xtc_probability": settings.xtc_probability,
-        "xtc_threshold": settings.xtc_threshold,
-        "seed": None if settings.seed < 0 else settings.seed,
-    }
+    values: dict[str, Any] = {"dry_sequence_breakers": breakers}
+    for knob in SAMPLING_KNOBS:  # the one table of knobs: each one's server setting
+        if knob.setting:
+            default = knob.value(getattr(settings, knob.setting))
+            values.update((param, default) for param in knob.params)
     values.update({k: v for k, v in overrides.items() if v is not None})
     params = SamplingParams(**values)
     params.validate()

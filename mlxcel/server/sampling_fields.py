@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
 from mlxcel.engine.defaults import loop_params, sampling_from_settings
+from mlxcel.engine.sampling.params import SAMPLING_KNOBS, SamplingKnob, knob_overrides
 from mlxcel.engine.text.request import GenerationRequest, Priority
 from mlxcel.server.errors import bad_request
 
@@ -28,33 +29,30 @@ MAX_LOGIT_BIAS = 1024
 PRIORITY_HEADER = "x-priority"
 
 
-class SamplingFields(BaseModel):
-    """Sampling and stopping fields every generation request body accepts."""
+def _knob_field(knob: SamplingKnob) -> Any:
+    aliases = AliasChoices(*knob.request) if len(knob.request) > 1 else None
+    return (knob.kind | None, Field(None, validation_alias=aliases))
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+_CONFIG = ConfigDict(extra="allow", populate_by_name=True)
+
+if TYPE_CHECKING:
+    _KnobFields = BaseModel
+else:
+    # One optional field per sampling knob of the table (its aliases accepted).
+    _KnobFields = create_model(
+        "_KnobFields", __config__=_CONFIG, **{k.name: _knob_field(k) for k in SAMPLING_KNOBS}
+    )
+
+
+class SamplingFields(_KnobFields):
+    """Sampling and stopping fields every generation request body accepts: the knobs of
+    `SAMPLING_KNOBS` (one optional field each) and the fields below."""
+
+    model_config = _CONFIG
 
     max_tokens: int | None = Field(None, ge=-1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    p_less: bool | None = None
-    repetition_penalty: float | None = Field(
-        None, validation_alias=AliasChoices("repetition_penalty", "repeat_penalty")
-    )
-    repetition_context_size: int | None = Field(
-        None, validation_alias=AliasChoices("repetition_context_size", "repeat_last_n")
-    )
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[int | str] | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
     cache_prompt: bool | None = None
@@ -182,25 +180,7 @@ def to_generation_request(
         raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
     if max_tokens is None or max_tokens == -1:
         max_tokens = None if settings.n_predict < 0 else settings.n_predict
-    overrides: dict[str, Any] = {
-        "temperature": fields.temperature,
-        "top_p": fields.top_p,
-        "top_k": fields.top_k,
-        "min_p": fields.min_p,
-        "p_less": fields.p_less,
-        "repetition_penalty": fields.repetition_penalty,
-        "repetition_context_size": fields.repetition_context_size,
-        "penalty_context_size": fields.repetition_context_size,
-        "frequency_penalty": fields.frequency_penalty,
-        "presence_penalty": fields.presence_penalty,
-        "dry_multiplier": fields.dry_multiplier,
-        "dry_base": fields.dry_base,
-        "dry_allowed_length": fields.dry_allowed_length,
-        "dry_penalty_last_n": fields.dry_penalty_last_n,
-        "xtc_probability": fields.xtc_probability,
-        "xtc_threshold": fields.xtc_threshold,
-        "seed": fields.seed if fields.seed is None or fields.seed >= 0 else None,
-    }
+    overrides = knob_overrides({k.name: getattr(fields, k.name) for k in SAMPLING_KNOBS})
     if fields.dry_sequence_breakers is not None:
         overrides["dry_sequence_breakers"] = _breaker_ids(tokenizer, fields.dry_sequence_breakers)
     if fields.logit_bias:

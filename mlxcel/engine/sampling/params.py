@@ -1,9 +1,12 @@
-"""Per-request sampling parameters (llama-server / OpenAI meanings and defaults)."""
+"""Per-request sampling parameters (llama-server / OpenAI meanings and defaults), and the
+one table of the sampling knobs that request parsing, the server defaults and `/props`
+all read (`SAMPLING_KNOBS`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,88 @@ class SamplingParams:
                 isinstance(bias, (int, float)) and not math.isnan(bias) and bias != math.inf,
                 f"logit_bias for token {token} must be a number or -inf, not {bias!r}",
             )
+
+
+@dataclass(frozen=True)
+class SamplingKnob:
+    """One plain sampling setting, wherever it appears.
+
+    `params` are the `SamplingParams` fields it sets (usually one), `setting` the `Settings`
+    field holding the server default, `request` the request body field and the aliases it
+    also answers to (llama-server's spellings), `kind` the value type. `props` is its name
+    in `/props` `default_generation_settings` (None: not shown there). A negative value of
+    a `negative_unset` knob means unset (llama-server's seed -1).
+    """
+
+    params: tuple[str, ...]
+    setting: str
+    request: tuple[str, ...]
+    kind: type
+    props: str | None = None
+    negative_unset: bool = False
+
+    @property
+    def name(self) -> str:
+        """The request body field name."""
+        return self.request[0]
+
+    def value(self, raw: Any) -> Any:
+        """`raw` as given (None: not set), negative values unset where that applies."""
+        if raw is not None and self.negative_unset and raw < 0:
+            return None
+        return raw
+
+
+def _knob(
+    param: str,
+    setting: str,
+    kind: type,
+    *aliases: str,
+    props: str | None = None,
+    also: tuple[str, ...] = (),
+    negative_unset: bool = False,
+) -> SamplingKnob:
+    return SamplingKnob((param, *also), setting, (param, *aliases), kind, props, negative_unset)
+
+
+SAMPLING_KNOBS: tuple[SamplingKnob, ...] = (
+    _knob("temperature", "temp", float, props="temperature"),
+    _knob("top_k", "top_k", int, props="top_k"),
+    _knob("top_p", "top_p", float, props="top_p"),
+    _knob("min_p", "min_p", float, props="min_p"),
+    _knob("repetition_penalty", "repeat_penalty", float, "repeat_penalty", props="repeat_penalty"),
+    _knob(
+        "repetition_context_size",
+        "repeat_last_n",
+        int,
+        "repeat_last_n",
+        props="repeat_last_n",
+        also=("penalty_context_size",),
+    ),
+    _knob("seed", "seed", int, props="seed", negative_unset=True),
+    _knob("frequency_penalty", "frequency_penalty", float, props="frequency_penalty"),
+    _knob("presence_penalty", "presence_penalty", float, props="presence_penalty"),
+    _knob("dry_multiplier", "dry_multiplier", float, props="dry_multiplier"),
+    _knob("dry_base", "dry_base", float, props="dry_base"),
+    _knob("dry_allowed_length", "dry_allowed_length", int, props="dry_allowed_length"),
+    _knob("dry_penalty_last_n", "dry_penalty_last_n", int, props="dry_penalty_last_n"),
+    _knob("xtc_probability", "xtc_probability", float),
+    _knob("xtc_threshold", "xtc_threshold", float),
+    _knob("p_less", "", bool),
+)
+"""Every plain sampling knob, in `/props` order. `p_less` has no server setting (off). The
+token-list knobs (`dry_sequence_breakers`, `logit_bias`) need the tokenizer and are read
+on their own."""
+
+
+def knob_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """`SamplingParams` keyword arguments from knob values by request name (None: unset)."""
+    out: dict[str, Any] = {}
+    for knob in SAMPLING_KNOBS:
+        value = knob.value(values.get(knob.name))
+        for param in knob.params:
+            out[param] = value
+    return out
 
 
 def _check(ok: bool, message: str) -> None:

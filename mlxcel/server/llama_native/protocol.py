@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mlxcel.engine.sampling.params import SAMPLING_KNOBS
 from mlxcel.server.errors import bad_request
 from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
 
@@ -305,20 +306,11 @@ def generation_settings(
 
 
 def default_settings_flat(sampling: SamplingParams, n_predict: int) -> dict[str, Any]:
-    """The spec's flat `default_generation_settings` fields (besides llama-server's)."""
-    return {
-        "n_predict": n_predict,
-        "temperature": sampling.temperature,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "repeat_penalty": sampling.repetition_penalty,
-        "repeat_last_n": sampling.repetition_context_size,
-        "seed": seed_value(sampling.seed),
-        "frequency_penalty": sampling.frequency_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "dry_multiplier": sampling.dry_multiplier,
-        "dry_base": sampling.dry_base,
-        "dry_allowed_length": sampling.dry_allowed_length,
-        "dry_penalty_last_n": sampling.dry_penalty_last_n,
-    }
+    """The spec's flat `default_generation_settings` fields (besides llama-server's): the
+    knobs of `SAMPLING_KNOBS` that `/props` shows, under their llama-server names."""
+    out: dict[str, Any] = {"n_predict": n_predict}
+    for knob in SAMPLING_KNOBS:
+        if knob.props is not None:
+            value = getattr(sampling, knob.params[0])
+            out[knob.props] = seed_value(value) if knob.negative_unset else value
+    return out
