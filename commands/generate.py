@@ -144,6 +144,15 @@ def generate(
     save_profile: str | None = typer.Option(
         None, "--save-profile", help="Write the resolved settings to a TOML profile."
     ),
+    image: list[str] = typer.Option(
+        [], "--image", help="Image file for a vision model (repeatable)."
+    ),
+    video: list[str] = typer.Option(
+        [], "--video", help="Video file for a vision model (repeatable; needs ffmpeg)."
+    ),
+    audio: list[str] = typer.Option(
+        [], "--audio", help="WAV file for a model that takes audio (repeatable)."
+    ),
     profile: str | None = PROFILE_OPTION,
 ) -> None:
     """Generate text from a prompt on a local model (the embedded default if none is given)."""
@@ -182,19 +191,36 @@ def generate(
     from mlxcel.engine.prompting import PromptError, build_prompt
     from mlxcel.engine.text.request import GenerationRequest
     from mlxcel.engine.text.scheduler import TextEngine
+    from mlxcel.engine.vision.loader import vision_model_path
 
     template = _chat_template(settings.chat_template_file, settings.chat_template, settings.jinja)
-    loaded = load_model_or_exit(
-        settings.model,
-        store=settings.model_store,
-        cpu_dtype=settings.cpu_dtype,
-        cpu_threads=settings.threads,
-    )
+    vision_dir = vision_model_path(settings.model)
+    media: Any = None
+    if vision_dir is not None:
+        from .vision_input import load_vision_or_exit, vision_prompt
+
+        loaded = load_vision_or_exit(vision_dir)
+    elif image or video or audio:
+        fail("--image, --video and --audio need a vision model (-m DIR of an mlx-vlm model)")
+    else:
+        loaded = load_model_or_exit(
+            settings.model,
+            store=settings.model_store,
+            cpu_dtype=settings.cpu_dtype,
+            cpu_threads=settings.threads,
+        )
     if template:
         loaded.tokenizer.chat_template = template
     tokenizer = loaded.tokenizer
     try:
-        tokens = build_prompt(tokenizer, text, system=system, raw=settings.no_chat_template)
+        if vision_dir is not None:
+            media = vision_prompt(
+                loaded, text, system=system, images=image, videos=video, audio=audio,
+                video_max_frames=settings.video_max_frames,
+            )  # fmt: skip
+            tokens = tokenizer.encode(media.text, add_special=False)
+        else:
+            tokens = build_prompt(tokenizer, text, system=system, raw=settings.no_chat_template)
         sampling = sampling_from_settings(settings, tokenizer, p_less=p_less or None)
         loop = loop_params(
             settings,
@@ -213,8 +239,15 @@ def generate(
         loop=loop,
         ignore_eos=settings.ignore_eos,
         cache_prompt=False,
+        media=media,
     )
-    engine = TextEngine(loaded, slots=1, prefill_chunk=settings.batch_size)
+    engine: Any
+    if vision_dir is not None:
+        from mlxcel.engine.vision.engine import VisionEngine
+
+        engine = VisionEngine(loaded)
+    else:
+        engine = TextEngine(loaded, slots=1, prefill_chunk=settings.batch_size)
     pieces: list[str] = []
     start = time.perf_counter()
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import sys
@@ -277,6 +276,8 @@ def load_into(state: ServerState) -> None:
         state.text_engine = False
         state.embeddings = build_services(settings)
         return
+    from mlxcel.engine.vision.loader import vision_model_path
+
     vision_path = vision_model_path(settings.model)
     if vision_path is not None:
         _load_vision_into(state, vision_path)
@@ -306,25 +307,6 @@ def load_into(state: ServerState) -> None:
     state.prompt_cache = cache
     state.embeddings = build_services(settings)
     state.client = EngineClient(engine)  # last: the server is ready from here on
-
-
-def vision_model_path(ref: str | None) -> Path | None:
-    """The directory of `ref` when it is a vision (or audio) language model, else None."""
-    from mlxcel.engine.vision.loader import is_vision_model_dir
-
-    if not ref:
-        return None
-    path = Path(os.path.expanduser(ref))
-    if not path.is_dir():
-        from mlxcel.engine.loading.hf_cache import looks_like_repo_id, resolve_hf_repo
-
-        if path.exists() or not looks_like_repo_id(ref):
-            return None
-        try:
-            path = resolve_hf_repo(ref)
-        except ValueError:
-            return None
-    return path if is_vision_model_dir(path) else None
 
 
 def _load_vision_into(state: ServerState, path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,24 @@ def is_vision_model_dir(path: Path) -> bool:
     """Whether `path` is a model directory whose config declares image/video/audio inputs."""
     config = read_config(path) if path.is_dir() else None
     return config is not None and is_vision_config(config)
+
+
+def vision_model_path(ref: str | None) -> Path | None:
+    """The directory `ref` names (a path or a cached Hugging Face repo id) when it holds a
+    vision (or audio) language model, else None."""
+    if not ref:
+        return None
+    path = Path(os.path.expanduser(ref))
+    if not path.is_dir():
+        from mlxcel.engine.loading.hf_cache import looks_like_repo_id, resolve_hf_repo
+
+        if path.exists() or not looks_like_repo_id(ref):
+            return None
+        try:
+            path = resolve_hf_repo(ref)
+        except ValueError:
+            return None
+    return path if is_vision_model_dir(path) else None
 
 
 def load_vision_model(path: Path, *, name: str, source: str = "mlx") -> LoadedVisionModel:

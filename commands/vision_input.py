@@ -1,0 +1,94 @@
+"""`mlxcel generate --image/--video/--audio`: a vision model and the user's own media files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .common import fail
+
+
+def load_vision_or_exit(path: Path) -> Any:
+    """Load the mlx-vlm model in `path`, or print one line and exit 2."""
+    from rich.console import Console
+
+    from mlxcel.engine.errors import ModelLoadError
+    from mlxcel.engine.vision.loader import load_vision_model
+
+    console = Console(stderr=True)
+    try:
+        if not console.is_terminal:
+            return load_vision_model(path, name=path.name)
+        with console.status(f"loading {path.name}…"):
+            return load_vision_model(path, name=path.name)
+    except ModelLoadError as exc:
+        fail(str(exc))
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        fail(f"--{what} {path}: {exc.strerror or exc}")
+
+
+def vision_prompt(
+    loaded: Any,
+    text: str,
+    *,
+    system: str | None,
+    images: list[str],
+    videos: list[str],
+    audio: list[str],
+    video_max_frames: int,
+) -> Any:
+    """The rendered prompt with one placeholder per media item, and the decoded media.
+
+    The files are the user's own, read directly (the server's media policy is for what
+    requests name); decoding is the same as the server's (bounded pictures, WAV to 16 kHz,
+    video frames by ffmpeg). Raises ValueError (MediaError, PromptError) on bad input.
+    """
+    from mlxcel.engine.prompting import render_chat
+    from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
+    from mlxcel.server.media import MediaPolicy
+    from mlxcel.server.media.audio import decode_wav
+    from mlxcel.server.media.errors import MediaError
+    from mlxcel.server.media.images import decode_image
+    from mlxcel.server.media.video import sample_frames
+
+    policy = MediaPolicy()
+    inputs = VisionInputs()
+    parts: list[dict[str, Any]] = []
+    kinds = loaded.modalities
+    for what, files in (("image", images), ("video", videos), ("audio", audio)):
+        if files and what not in kinds:
+            raise MediaError(f"{loaded.info.name} does not accept {what} inputs")
+    if videos and audio and loaded.info.architecture != "gemma4_unified":
+        raise MediaError("Combined video and audio inputs are not supported")
+    for path in images:
+        inputs.images.append(decode_image(_read(path, "image"), policy.max_image_pixels))
+        parts.append({"type": "image"})
+    for path in videos:
+        frames = sample_frames(
+            _read(path, "video"),
+            max_frames=video_max_frames,
+            fps=2.0,
+            max_pixels=policy.max_image_pixels,
+        )
+        if loaded.native_video:
+            inputs.videos.append(frames)
+            parts.append({"type": "video"})
+        else:
+            inputs.images.extend(frames)
+            parts.extend({"type": "image"} for _ in frames)
+    for path in audio:
+        inputs.audio.append(decode_wav(_read(path, "audio")))
+        parts.append({"type": "audio"})
+    messages: list[dict[str, Any]] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    content: str | list[dict[str, Any]] = (
+        [*parts, {"type": "text", "text": text}] if parts else text
+    )
+    messages.append({"role": "user", "content": content})
+    return VisionPrompt(render_chat(loaded.tokenizer, messages), inputs)
