@@ -77,6 +77,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from embed' -l profile
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s P
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s f
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s m
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l audio
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l chat-template-file
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l cpu-dtype
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-allowed-length
@@ -85,6 +86,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-multiplier
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-penalty-last-n
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l frequency-penalty
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l ignore-eos
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l image
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l json
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l max-pattern-size
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l max-tokens
@@ -111,6 +113,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l temperature
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l threads
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l top-k
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l top-p
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l video
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l xtc-probability
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l xtc-threshold
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s P
