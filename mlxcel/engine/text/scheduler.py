@@ -274,10 +274,6 @@ class TextEngine:
             queued = tuple(job.request.request_id for _, _, job in sorted(self._pending))
             return EngineSnapshot(slots, queued, self.counters, self.context_per_slot)
 
-    @property
-    def queue_depth(self) -> int:
-        return len(self._pending)
-
     # ------------------------------------------------------------- engine thread
 
     def _run(self) -> None:
