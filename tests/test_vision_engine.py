@@ -126,3 +126,32 @@ def test_cancel_and_queue_full(engine: VisionEngine) -> None:
             GenerationRequest(prompt_tokens=[], media=VisionPrompt("hello", VisionInputs())),
             lambda e: None,
         )
+
+
+GEMMA_PROMPT = (
+    "<bos><start_of_turn>user\nWhat is this?<start_of_image><end_of_turn>\n<start_of_turn>model\n"
+)
+
+
+def test_gemma3_images_change_the_first_step(tmp_path: Path) -> None:
+    from fixtures.tiny_vlm import build_tiny_gemma3
+
+    loaded = load_vision_model(build_tiny_gemma3(tmp_path / "g3"), name="tiny-gemma3")
+    assert loaded.modalities == {"text", "image", "video"} and not loaded.native_video
+    gemma = VisionEngine(loaded).start()
+    try:
+        tops = []
+        for color in ((250, 0, 0), (0, 0, 250)):
+            request = GenerationRequest(
+                prompt_tokens=[],
+                max_tokens=2,
+                sampling=SamplingParams(temperature=0.0),
+                logprobs=5,
+                media=VisionPrompt(GEMMA_PROMPT, VisionInputs(images=[_image(color)])),
+            )
+            events = list(gemma.generate(request))
+            tops.append(events[0].logprobs[0].top if events[0].logprobs else None)
+            assert events[-1].prompt_tokens > len(GEMMA_PROMPT) // 8
+        assert tops[0] is not None and tops[0] != tops[1]
+    finally:
+        gemma.stop()

@@ -246,3 +246,38 @@ def test_text_only_servers_refuse_image_parts() -> None:
         assert answer.status_code == 400
         assert "image_url" in answer.json()["error"]["message"]
         assert client.get("/props").json()["modalities"]["vision"] is False
+
+
+def test_video_reaches_an_image_only_family_as_frames(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    from fixtures.tiny_vlm import build_tiny_gemma3
+
+    model = build_tiny_gemma3(tmp_path_factory.mktemp("gemma3"))
+    clip = tmp_path / "clip.mp4"
+    subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
+         "testsrc=size=56x56:rate=4:duration=2", "-pix_fmt", "yuv420p", str(clip)],
+        check=True,
+    )  # fmt: skip
+    video = {"type": "video_url", "video_url": {"url": _uri(clip.read_bytes(), "video/mp4")}}
+    args = ["-m", str(model), "--api-key", API_KEY, "-c", "2048"]
+    with (
+        ServeProcess([*args, "--video-max-frames", "3"], env=ENV) as proc,
+        proc.client(headers=AUTH, timeout=120) as client,
+    ):
+        props = client.get("/props").json()
+        assert props["modalities"]["vision"] is True
+        counts = []
+        for content in (
+            [video],
+            [{"type": "image_url", "image_url": {"url": _uri(_png((1, 2, 3)))}}],
+        ):
+            answer = client.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": content}], "max_tokens": 1},
+            )
+            assert answer.status_code == 200, answer.text
+            counts.append(answer.json()["usage"]["prompt_tokens"])
+    per_image = counts[1]
+    assert counts[0] > per_image  # three frames, each an image's worth of tokens
