@@ -171,7 +171,7 @@ def test_override_source_follows_llama_server() -> None:
 
 @pytest.fixture(scope="module")
 def command_r_server(tiny_llama_dir: Path) -> Iterator[str]:
-    args = ["-m", str(tiny_llama_dir), "-c", "512", "--api-key", API_KEY, "--no-jinja"]
+    args = ["-m", str(tiny_llama_dir), "-c", "1024", "-np", "1", "--api-key", API_KEY, "--no-jinja"]
     with ServeProcess([*args, "--chat_template", "command-r"]).start() as proc:
         yield proc.url
 
@@ -213,3 +213,33 @@ def test_serve_refuses_unrecognised_text_without_jinja(tiny_llama_dir: Path) -> 
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert "--chat-template: the supplied chat template is not supported" in line
+
+
+def test_thinking_off_closes_a_block_the_template_opens_itself() -> None:
+    """DeepSeek-R1-style templates always open `<think>`; with thinking off llama.cpp
+    closes it at once, so the model answers directly."""
+    r1_like = (
+        "{% for m in messages %}<｜User｜>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<｜Assistant｜><think>\n{% endif %}"
+    )
+    template = ChatTemplate(r1_like, bos_token="", eos_token="")
+    user = [{"role": "user", "content": "q"}]
+    off = template.render(user, template_kwargs={"enable_thinking": False})
+    assert off.endswith("<｜Assistant｜><think>\n</think>")
+    assert template.render(user, template_kwargs={"enable_thinking": True}).endswith("<think>\n")
+    assert template.render(user).endswith("<think>\n")
+    no_prompt = template.render(
+        user, add_generation_prompt=False, template_kwargs={"enable_thinking": False}
+    )
+    assert "</think>" not in no_prompt
+    # A template that handles enable_thinking itself is left as it renders.
+    qwen3_like = (
+        "{% if enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% endif %}"
+    )
+    assert (
+        ChatTemplate(qwen3_like, bos_token="", eos_token="").render(
+            user, template_kwargs={"enable_thinking": False}
+        )
+        == "<think>\n\n</think>\n\n"
+    )

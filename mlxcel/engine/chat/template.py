@@ -207,7 +207,7 @@ class ChatTemplate:
         if documents:
             context["documents"] = documents
         try:
-            return self._template.render(context)
+            text = self._template.render(context)
         except TemplateError:
             raise
         except SecurityError as exc:
@@ -218,6 +218,17 @@ class ChatTemplate:
             raise TemplateError(
                 f"chat template error: {type(exc).__name__}: {_describe(exc)}"
             ) from exc
+        if add_generation_prompt and extra.get("enable_thinking") is False:
+            text = close_forced_reasoning(text)
+        return text
+
+
+def close_forced_reasoning(prompt: str) -> str:
+    """With thinking off, a generation prompt that opens `<think>` itself (DeepSeek-R1,
+    QwQ) gets the block closed at once, as llama.cpp does; other prompts are unchanged."""
+    if prompt.endswith(("<think>", "<think>\n")):
+        return prompt + "</think>"
+    return prompt
 
 
 class _GenerationBlock(Extension):
