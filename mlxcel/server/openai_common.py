@@ -18,6 +18,7 @@ from starlette.requests import Request
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
 from mlxcel.server.errors import bad_request
 from mlxcel.server.errors import scrub_paths as scrub_paths  # re-exported (runner.py uses it)
+from mlxcel.server.sse import sse_data
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
@@ -75,6 +76,24 @@ def envelope(meta: dict[str, Any], object: str) -> dict[str, Any]:
         "model": meta["model"],
         "system_fingerprint": None,
     }
+
+
+def choice_chunk(
+    meta: dict[str, Any],
+    object: str,
+    choice: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """One SSE chunk of an OpenAI stream: the envelope, `extra`, and choice 0's fields."""
+    return sse_data(
+        {**envelope(meta, object), **(extra or {}), "choices": [{"index": 0, **choice}]}
+    )
+
+
+def usage_chunk(meta: dict[str, Any], object: str, final: GenerationEvent) -> str:
+    """The `stream_options.include_usage` chunk: no choices, the request's `usage`."""
+    usage = usage_payload(final.prompt_tokens, final.completion_tokens)
+    return sse_data({**envelope(meta, object), "choices": [], "usage": usage})
 
 
 def usage_payload(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -232,11 +232,9 @@ class MessagesEncoder(Encoder):
     # ------------------------------------------------------------------ collected
 
     def body(self, results: list[list[GenerationEvent]]) -> dict[str, Any]:
-        events = results[0]
-        final = events[-1]
+        final = results[0][-1]
         plan = self.chat.plan
-        result = plan.parse("".join(e.text for e in events))
-        self.chat.check_forced(result)
+        result = self.chat.parse(results[0])
         reason, sequence = self._reason(final, bool(result.calls))
         fmt = plan.tool_format
         blocks = content_blocks(plan.shown(result), fmt.new_call_id if fmt else new_call_id)

@@ -27,11 +27,13 @@ from mlxcel.server.errors import APIError, sse_error_data
 from mlxcel.server.generation import Encoder
 from mlxcel.server.openai_common import (
     chat_logprobs,
+    choice_chunk,
     envelope,
     speculative_timings,
+    usage_chunk,
     usage_payload,
 )
-from mlxcel.server.sse import SSE_DONE, sse_data, sse_template
+from mlxcel.server.sse import SSE_DONE, sse_template
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
@@ -111,6 +113,9 @@ def message_fields(
     return message
 
 
+CHUNK = "chat.completion.chunk"
+
+
 class ChatEncoder(Encoder):
     """One chat completion (a single choice), as JSON or as chunks."""
 
@@ -137,15 +142,8 @@ class ChatEncoder(Encoder):
         logprobs: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> str:
-        return sse_data(
-            {
-                **envelope(self.meta, "chat.completion.chunk"),
-                **(extra or {}),
-                "choices": [
-                    {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
-                ],
-            }
-        )
+        choice = {"delta": delta, "finish_reason": reason, "logprobs": logprobs}
+        return choice_chunk(self.meta, CHUNK, choice, extra)
 
     # ------------------------------------------------------------------ streaming
 
@@ -181,13 +179,7 @@ class ChatEncoder(Encoder):
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
         lines = self._close_output(final.finish_reason or "stop", speculative_timings(final))
         if self.include_usage:
-            usage = usage_payload(final.prompt_tokens, final.completion_tokens)
-            payload = {
-                **envelope(self.meta, "chat.completion.chunk"),
-                "choices": [],
-                "usage": usage,
-            }
-            lines.append(sse_data(payload))
+            lines.append(usage_chunk(self.meta, CHUNK, final))
         return lines
 
     def closing(self) -> Iterable[str]:
@@ -202,8 +194,7 @@ class ChatEncoder(Encoder):
         events = results[0]
         final = events[-1]
         plan = self.chat.plan
-        result = plan.parse("".join(e.text for e in events))
-        self.chat.check_forced(result)
+        result = self.chat.parse(events)
         logprobs: list[TokenLogprob] = [lp for e in events for lp in e.logprobs]
         return {
             **envelope(self.meta, "chat.completion"),

@@ -28,6 +28,7 @@ from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_ge
 from mlxcel.server.structured import compile_response_format, compile_tool_choice
 
 if TYPE_CHECKING:
+    from mlxcel.engine.text.request import GenerationEvent
     from mlxcel.server.bridge import EngineStream
     from mlxcel.server.state import ServerState
 
@@ -48,6 +49,12 @@ class ChatJob:
     def stream(self) -> EngineStream:
         """The engine stream of the (single) sequence."""
         return self.job.streams[0]
+
+    def parse(self, events: list[GenerationEvent]) -> ParseResult:
+        """The whole collected output, split (a forced call that did not come is logged)."""
+        result = self.plan.parse("".join(e.text for e in events))
+        self.check_forced(result)
+        return result
 
     def check_forced(self, result: ParseResult) -> None:
         """Log at warn when a forced tool_choice ended without a call."""

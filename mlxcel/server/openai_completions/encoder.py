@@ -15,11 +15,13 @@ from mlxcel.server.errors import APIError, sse_error_data
 from mlxcel.server.generation import Encoder
 from mlxcel.server.openai_common import (
     chat_logprobs,
+    choice_chunk,
     envelope,
     speculative_timings,
+    usage_chunk,
     usage_payload,
 )
-from mlxcel.server.sse import SSE_DONE, sse_data, sse_template
+from mlxcel.server.sse import SSE_DONE, sse_template
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
@@ -74,15 +76,8 @@ class CompletionEncoder(Encoder):
         logprobs: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> str:
-        return sse_data(
-            {
-                **envelope(self.meta, "text_completion"),
-                **(extra or {}),
-                "choices": [
-                    {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
-                ],
-            }
-        )
+        choice = {"text": text, "finish_reason": reason, "logprobs": logprobs}
+        return choice_chunk(self.meta, "text_completion", choice, extra)
 
     # ------------------------------------------------------------------ streaming
 
@@ -104,9 +99,7 @@ class CompletionEncoder(Encoder):
         reason = final.finish_reason or "stop"
         lines = [self._chunk("", reason, extra=speculative_timings(final))]
         if self.include_usage:
-            usage = usage_payload(final.prompt_tokens, final.completion_tokens)
-            head = envelope(self.meta, "text_completion")
-            lines.append(sse_data({**head, "choices": [], "usage": usage}))
+            lines.append(usage_chunk(self.meta, "text_completion", final))
         return lines
 
     def closing(self) -> Iterable[str]:
