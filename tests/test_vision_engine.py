@@ -155,3 +155,31 @@ def test_gemma3_images_change_the_first_step(tmp_path: Path) -> None:
         assert tops[0] is not None and tops[0] != tops[1]
     finally:
         gemma.stop()
+
+
+def test_gemma4_audio_changes_the_first_step(tmp_path: Path) -> None:
+    import numpy as np
+    from fixtures.tiny_vlm import build_tiny_gemma4
+
+    loaded = load_vision_model(build_tiny_gemma4(tmp_path / "g4"), name="tiny-gemma4")
+    assert loaded.modalities == {"text", "image", "video", "audio"}
+    engine = VisionEngine(loaded).start()
+    prompt = "<bos><start_of_turn>user\nListen<|audio|><end_of_turn>\n<start_of_turn>model\n"
+    try:
+        tops = []
+        for period in (5.0, 50.0):
+            clip = (np.sin(np.arange(16000) / period) * 0.3).astype(np.float32)
+            request = GenerationRequest(
+                prompt_tokens=[],
+                max_tokens=2,
+                sampling=SamplingParams(temperature=0.0),
+                logprobs=5,
+                media=VisionPrompt(prompt, VisionInputs(audio=[clip])),
+            )
+            events = list(engine.generate(request))
+            assert events[-1].finish_reason in ("length", "stop"), events[-1].error
+            tops.append(events[0].logprobs[0].top)
+            assert events[-1].prompt_tokens > len(prompt) // 8  # audio soft tokens added
+        assert tops[0] != tops[1]
+    finally:
+        engine.stop()

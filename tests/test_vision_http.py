@@ -281,3 +281,59 @@ def test_video_reaches_an_image_only_family_as_frames(
             counts.append(answer.json()["usage"]["prompt_tokens"])
     per_image = counts[1]
     assert counts[0] > per_image  # three frames, each an image's worth of tokens
+
+
+def _wav_b64(period: float) -> str:
+    import wave
+
+    import numpy as np
+
+    samples = (np.sin(np.arange(16000) / period) * 12000).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(16000)
+        writer.writeframes(samples.tobytes())
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def test_audio_reaches_gemma4(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from fixtures.tiny_vlm import build_tiny_gemma4
+
+    model = build_tiny_gemma4(tmp_path_factory.mktemp("gemma4"))
+    args = ["-m", str(model), "--api-key", API_KEY, "-c", "2048"]
+    with ServeProcess(args, env=ENV) as proc:
+        sdk = openai.OpenAI(base_url=f"{proc.url}/v1", api_key=API_KEY, max_retries=0)
+        with proc.client(headers=AUTH) as client:
+            assert client.get("/props").json()["modalities"]["audio"] is True
+        tops = []
+        for period in (5.0, 50.0):
+            result = sdk.chat.completions.create(
+                model="m", max_tokens=2, temperature=0, logprobs=True, top_logprobs=5,
+                messages=[{"role": "user", "content": [
+                    {"type": "text", "text": "Listen"},
+                    {"type": "input_audio",
+                     "input_audio": {"data": _wav_b64(period), "format": "wav"}}]}],
+            )  # fmt: skip
+            assert result.usage.prompt_tokens > 20
+            first = result.choices[0].logprobs.content[0]
+            tops.append([(t.token, round(t.logprob, 4)) for t in first.top_logprobs])
+        assert tops[0] != tops[1]
+        clip = tmp_path / "clip.mp4"
+        subprocess.run(
+            ["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
+             "testsrc=size=48x48:rate=2:duration=1", "-pix_fmt", "yuv420p", str(clip)],
+            check=True,
+        )  # fmt: skip
+        combined = [
+            {"type": "video_url", "video_url": {"url": _uri(clip.read_bytes(), "video/mp4")}},
+            {"type": "input_audio", "input_audio": {"data": _wav_b64(5.0), "format": "wav"}},
+        ]
+        with proc.client(headers=AUTH, timeout=120) as client:
+            answer = client.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": combined}], "max_tokens": 1},
+            )
+        assert answer.status_code == 400
+        assert "Combined video and audio inputs are not supported" in answer.text

@@ -134,6 +134,11 @@ class VisionEngine:
                 )
             except (ValueError, TypeError, IndexError, KeyError) as exc:
                 raise InvalidRequestError(f"the media could not be prepared: {exc}") from exc
+            # Materialize here: a lazy graph built on this thread cannot be evaluated on the
+            # engine thread (MLX streams are per thread).
+            import mlx.core as mx
+
+            mx.eval([v for v in out.values() if isinstance(v, mx.array)])
         input_ids = out["input_ids"]
         tokens = [int(t) for t in input_ids.reshape(-1).tolist()]
         extra = {

@@ -43,6 +43,20 @@ def is_vision_model_dir(path: Path) -> bool:
     return config is not None and is_vision_config(config)
 
 
+def _materialize(model: Any) -> None:
+    """Evaluate every array a module holds, parameters or not (private `_x` tables built at
+    init, such as Gemma 4's audio timescales). A lazy array built on the loading thread cannot
+    be evaluated later on the engine thread: MLX streams are per thread."""
+    import mlx.core as mx
+
+    arrays: list[Any] = []
+    for module in model.modules():
+        for value in (*module.values(), *vars(module).values()):
+            if isinstance(value, mx.array):
+                arrays.append(value)
+    mx.eval(arrays)
+
+
 def vision_model_path(ref: str | None) -> Path | None:
     """The directory `ref` names (a path or a cached Hugging Face repo id) when it holds a
     vision (or audio) language model, else None."""
@@ -80,6 +94,7 @@ def load_vision_model(path: Path, *, name: str, source: str = "mlx") -> LoadedVi
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{name}: mlx-vlm cannot load this model: {first}") from exc
+    _materialize(model)
     hf_tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
     eos = config.get("eos_token_id")
     eos_ids = [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
