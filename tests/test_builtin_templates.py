@@ -109,6 +109,11 @@ def test_bos_families_open_with_bos_and_others_do_not() -> None:
         assert _render(name, user, bos="<s>").startswith("<s>")
     for name in ("chatml", "phi3", "zephyr", "granite"):
         assert not _render(name, user, bos="<s>").startswith("<s>")
+    # A tokenizer that adds no BOS (Qwen, GPT-2 style) gets none from the template either.
+    llama3 = ChatTemplate(
+        builtin_template("llama3") or "", bos_token="<s>", eos_token="", add_bos=False
+    )
+    assert llama3.render(user).startswith("<|start_header_id|>user")
 
 
 def test_content_parts_and_generation_prompt() -> None:

@@ -20,7 +20,11 @@ def chat_template_for(tokenizer: Tokenizer) -> Any:
     cached = getattr(tokenizer, "_compiled_template", None)
     if cached is not None and cached[0] == source:
         return cached[1]
-    compiled = ChatTemplate(source, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    bos = tokenizer.bos_token_id
+    adds_bos = bos is not None and tokenizer.encode("a", add_special=True)[:1] == [bos]
+    compiled = ChatTemplate(
+        source, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, add_bos=adds_bos
+    )
     tokenizer._compiled_template = (source, compiled)  # type: ignore[attr-defined]
     return compiled
 

@@ -8,7 +8,8 @@ text by its markers and uses the matching built-in; `detect_builtin` does the sa
 
 Where llama-server leaves the beginning-of-sequence token to the tokenizer, mlxcel
 tokenizes the rendered prompt as it is: the families whose own templates open with
-`bos_token` (llama2, mistral, llama3/4, gemma, command-r, deepseek, monarch) start with it.
+`bos_token` (llama2, mistral, llama3/4, gemma, command-r, deepseek, monarch) start with it
+when the model's tokenizer adds a BOS token, so the tokens are llama-server's.
 Message content is a string or a list of parts; text parts are joined by newlines, as
 llama-server joins them for these templates.
 """
@@ -28,7 +29,8 @@ _PRELUDE = (
     "{%- endif -%}"
     "{%- endmacro -%}"
 )
-_BOS = "{{ bos_token if bos_token is defined else '' }}"
+# The BOS token, where the tokenizer would add one (`mlxcel_add_bos`, set by ChatTemplate).
+_BOS = "{{ bos_token if bos_token is defined and mlxcel_add_bos is not false else '' }}"
 
 
 def _lit(text: str) -> str:

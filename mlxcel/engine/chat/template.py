@@ -146,10 +146,14 @@ class ChatTemplate:
         bos_token: str | None,
         eos_token: str | None,
         extra_special: dict[str, str] | None = None,
+        add_bos: bool = True,
     ) -> None:
+        """`add_bos`: whether the model's tokenizer adds a BOS token to a prompt; the
+        built-in templates then write it themselves (the prompt is encoded as it is)."""
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.add_bos = add_bos
         special = extra_special or {}
         self.extra_special = {k: v for k, v in special.items() if v is not None}
         self.reserved = RESERVED_VARIABLES | frozenset(special)
@@ -198,6 +202,7 @@ class ChatTemplate:
         context.update(self.extra_special)
         context["messages"] = messages
         context["add_generation_prompt"] = add_generation_prompt
+        context["mlxcel_add_bos"] = self.add_bos
         if self.bos_token is not None:
             context["bos_token"] = self.bos_token
         if self.eos_token is not None:
