@@ -11,6 +11,7 @@ F32 1e-5, F16 1e-3, Q8_0 1e-2 (cosine > 0.9995).
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from fixtures.tiny_encoders import (
     build_tiny_cross_encoder,
     build_tiny_xlm_roberta,
     write_bert_gguf,
+    write_tiny_jina_gguf,
 )
 from server_harness import serve
 
@@ -60,7 +62,7 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "tiny-cls": write_bert_gguf(tiny, root / "tiny-cls.gguf", pooling="cls"),
         "cross": write_bert_gguf(cross, root / "cross.gguf"),
         "cross-pooler": write_bert_gguf(cross, root / "cross-pooler.gguf", keep_pooler=True),
-        "jina": write_bert_gguf(tiny, root / "jina.gguf", arch="jina-bert-v2"),
+        "nomic": write_bert_gguf(tiny, root / "nomic.gguf", arch="nomic-bert"),
         "xlmr-dir": xlmr,
         "xlmr-cross-dir": xlmr_cross,
         "xlmr": write_bert_gguf(xlmr, root / "xlmr.gguf"),
@@ -186,9 +188,93 @@ def test_truncated_and_unsupported_gguf_files_say_why(
     cut.write_bytes(data[:3000])  # inside the vocabulary
     with pytest.raises(ModelLoadError, match="truncated or corrupt GGUF"):
         load_embedder(str(cut))
-    with pytest.raises(ModelLoadError, match="architecture 'jina-bert-v2' is not supported"):
-        load_embedder(str(ggufs["jina"]))
-    assert is_encoder_model(str(ggufs["jina"]))  # refused as an encoder, not run as a chat model
+    with pytest.raises(ModelLoadError, match="architecture 'nomic-bert' is not supported"):
+        load_embedder(str(ggufs["nomic"]))
+    assert is_encoder_model(str(ggufs["nomic"]))  # refused as an encoder, not run as a chat model
+
+
+# --------------------------------------------------------------------------- jina-bert-v2
+
+
+def _layer_norm(x: np.ndarray, t: dict[str, np.ndarray], name: str) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-12) * t[f"{name}.weight"] + t[f"{name}.bias"]
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    erf = np.vectorize(math.erf)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def _jina_reference(
+    t: dict[str, np.ndarray], ids: list[int], types: list[int], *, gate: str, qk_norm: bool
+) -> np.ndarray:
+    """llama.cpp's jina-bert-v2 graph in NumPy for one unpadded sequence: (T, H) states."""
+    heads, n = 4, len(ids)
+    x = _layer_norm(
+        t["token_embd.weight"][ids] + t["token_types.weight"][types], t, "token_embd_norm"
+    )
+    slopes = np.array([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
+    pos = np.arange(n)
+    bias = -slopes[:, None, None] * np.abs(pos[:, None] - pos[None, :])
+    for i in range(2):
+        b = f"blk.{i}"
+
+        def lin(v: np.ndarray, part: str, b: str = b) -> np.ndarray:
+            out = v @ t[f"{b}.{part}.weight"].T
+            return out + t[f"{b}.{part}.bias"] if f"{b}.{part}.bias" in t else out
+
+        q, k, v = lin(x, "attn_q"), lin(x, "attn_k"), lin(x, "attn_v")
+        if qk_norm:
+            q, k = _layer_norm(q, t, f"{b}.attn_q_norm"), _layer_norm(k, t, f"{b}.attn_k_norm")
+        q, k, v = (m.reshape(n, heads, -1).transpose(1, 0, 2) for m in (q, k, v))
+        scores = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1]) + bias
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        attn = (p @ v).transpose(1, 0, 2).reshape(n, -1)
+        h = _layer_norm(x + lin(attn, "attn_output"), t, f"{b}.attn_output_norm")
+        up = lin(h, "ffn_up")
+        if gate == "fused":
+            half = up.shape[-1] // 2
+            inner = _gelu(up[:, :half]) * up[:, half:]
+        else:
+            inner = _gelu(h @ t[f"{b}.ffn_gate.weight"].T) * up
+        x = _layer_norm(h + lin(inner, "ffn_down"), t, f"{b}.layer_output_norm")
+    return x
+
+
+@pytest.mark.parametrize(("gate", "qk_norm"), [("fused", False), ("separate", True)])
+def test_jina_bert_v2_gguf_matches_llama_cpp_graph(
+    ggufs: dict[str, Path], tmp_path: Path, gate: str, qk_norm: bool
+) -> None:
+    path = tmp_path / "jina.gguf"
+    tensors = write_tiny_jina_gguf(ggufs["tiny-dir"], path, gate=gate, qk_norm=qk_norm)
+    embedder = load_embedder(str(path))
+    assert (embedder.dimension, embedder.max_length, embedder.default_pooling) == (16, 64, "mean")
+    # one batch with padding: ALiBi and the padding mask must both hold
+    items = embedder.tokenize(TINY_TEXTS)
+    vectors = embedder.embed(TINY_TEXTS, normalize=-1).matrix()
+    for item, vector in zip(items, vectors, strict=True):
+        states = _jina_reference(
+            tensors, list(item.ids), [0] * len(item), gate=gate, qk_norm=qk_norm
+        )
+        np.testing.assert_allclose(vector, states.mean(axis=0), atol=2e-5)
+
+
+def test_jina_reranker_v1_gguf_scores_tanh_of_cls(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    path = tmp_path / "jina-reranker.gguf"
+    tensors = write_tiny_jina_gguf(ggufs["tiny-dir"], path, reranker=True)
+    reranker = load_reranker(str(path))
+    assert reranker.kind == "cross-encoder"
+    plan = reranker.prepare(QUERY, DOCS)
+    scores = reranker.rerank(QUERY, DOCS).scores
+    for item, score in zip(plan.items, scores, strict=True):
+        states = _jina_reference(
+            tensors, list(item.ids), list(item.type_ids), gate="fused", qk_norm=False
+        )
+        logit = states[0] @ tensors["cls.weight"][0] + tensors["cls.bias"][0]
+        assert score == pytest.approx(math.tanh(logit), abs=2e-5)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -210,9 +296,9 @@ def test_embed_cli_reads_a_gguf_model(ggufs: dict[str, Path]) -> None:
     theirs = np.array([d["embedding"] for d in json.loads(shipped.stdout)["data"]])
     assert ours.shape == (2, 384)
     assert np.abs(ours - theirs).max() < TOLERANCE["f16"]
-    bad = _cli("embed", "-m", str(ggufs["jina"]), "hello")
+    bad = _cli("embed", "-m", str(ggufs["nomic"]), "hello")
     assert bad.returncode == 2
-    assert bad.stderr.strip().count("\n") == 0 and "jina-bert-v2" in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and "nomic-bert" in bad.stderr
 
 
 def test_rerank_cli_reads_a_gguf_cross_encoder(ggufs: dict[str, Path]) -> None:

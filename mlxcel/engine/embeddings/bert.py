@@ -115,13 +115,17 @@ class BertEncoder(nn.Module):
 
     def classify(self, hidden: mx.array, mask: mx.array) -> mx.array:
         """Sequence-classification logits (B, num_labels) from hidden states."""
-        first = hidden[:, 0]
-        if self._head == "dense":
-            return self.classifier(mx.tanh(self.head_dense(first)))
-        if self._head == "pooler":
-            return self.classifier(mx.tanh(self.pooler(first)))
-        logits = self.classifier(first)
-        return mx.tanh(logits) if self._head == "tanh" else logits
+        return head_logits(self, self._head, hidden[:, 0])
+
+
+def head_logits(module: nn.Module, head: str, first: mx.array) -> mx.array:
+    """Logits of classification head `head` (see HEADS) of `module` on first-token states."""
+    if head == "dense":
+        return module.classifier(mx.tanh(module.head_dense(first)))
+    if head == "pooler":
+        return module.classifier(mx.tanh(module.pooler(first)))
+    logits = module.classifier(first)
+    return mx.tanh(logits) if head == "tanh" else logits
 
 
 _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)$")

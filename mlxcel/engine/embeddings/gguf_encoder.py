@@ -1,4 +1,4 @@
-"""BERT-family encoders read natively from GGUF files (llama.cpp's `bert` architecture).
+"""BERT-family encoders read natively from GGUF files (llama.cpp's `bert` and `jina-bert-v2`).
 
 This is what llama-server users have: bge-small/bge-base/all-MiniLM embedding models and
 BERT or XLM-RoBERTa cross-encoders (bge-reranker) converted by llama.cpp. Hyperparameters
@@ -9,8 +9,9 @@ quantized types dequantized to float32 with the `gguf` package), the tokenizer f
 llama.cpp's conversion decides the shapes handled here: RoBERTa position tables are cut to
 start at position 0 (so positions always count from 0), BERT cross-encoders keep only their
 classifier (`cls.output`, applied to the first token's hidden state, no pooler), RoBERTa ones
-a dense + tanh layer (`cls`) before it. `bert.pooling_type` gives the pooling
-(0 none, 1 mean, 2 cls, 3 last, 4 rank = a reranker).
+a dense + tanh layer (`cls`) before it; jina-reranker-v1 has `cls` alone (tanh of it).
+`<arch>.pooling_type` gives the pooling (0 none, 1 mean, 2 cls, 3 last, 4 rank = a
+reranker). `jina-bert-v2` files (ALiBi, gated feed-forward) run on jina_bert.JinaBertEncoder.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from mlxcel.engine.embeddings.bert import BertEncoder
@@ -31,11 +33,11 @@ from mlxcel.engine.embeddings.tokenization import TextTokenizer
 from mlxcel.engine.embeddings.weights import load_into
 from mlxcel.engine.errors import ModelLoadError
 
-GGUF_ENCODER_ARCHITECTURES = ("bert",)
-# Encoder architectures llama.cpp converts whose graphs differ from BERT's (ALiBi, gated
-# FFNs, rotary positions): refused with a clear message rather than run wrongly.
+GGUF_ENCODER_ARCHITECTURES = ("bert", "jina-bert-v2")
+# Encoder architectures llama.cpp converts whose graphs differ (rotary positions, MoE, ...):
+# refused with a clear message rather than run wrongly.
 OTHER_ENCODER_ARCHITECTURES = frozenset(
-    {"jina-bert-v2", "jina-bert-v3", "nomic-bert", "nomic-bert-moe", "modern-bert", "neo-bert"}
+    {"jina-bert-v3", "nomic-bert", "nomic-bert-moe", "modern-bert", "neo-bert", "eurobert"}
 )
 GGUF_POOLINGS: dict[int, str] = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
@@ -49,6 +51,15 @@ _LAYER_PARTS = {
     "ffn_up": "ffn_in",
     "ffn_down": "ffn_out",
     "layer_output_norm": "ffn_norm",
+    "attn_q_norm": "q_norm",  # jina-bert-v2 only, from here on
+    "attn_k_norm": "k_norm",
+    "attn_norm_2": "attn_norm_2",
+    "ffn_gate": "ffn_gate",
+}
+_JINA_TOP_PARTS = {
+    "token_embd": "word",
+    "token_types": "token_type",
+    "token_embd_norm": "norm",
 }
 _TOP_PARTS = {
     "token_embd": "embeddings.word",
@@ -112,10 +123,11 @@ def gguf_encoder_config(
 ) -> tuple[EncoderConfig, str]:
     """The encoder's configuration and classification head (see bert.HEADS)."""
     arch = str(metadata.get("general.architecture", ""))
-    for tensor in ("token_embd.weight", "position_embd.weight"):
+    jina = arch == "jina-bert-v2"
+    for tensor in ("token_embd.weight",) if jina else ("token_embd.weight", "position_embd.weight"):
         if tensor not in shapes:
             raise ModelLoadError(f"{name}: no {tensor} tensor; not a BERT encoder")
-    if any(".ffn_gate." in t for t in shapes):
+    if not jina and any(".ffn_gate." in t for t in shapes):
         raise ModelLoadError(f"{name}: gated feed-forward layers are not BERT's; not supported")
     labels, head = 0, "linear"
     if "cls.output.weight" in shapes:
@@ -132,7 +144,11 @@ def gguf_encoder_config(
         num_layers=int(_meta(metadata, arch, "block_count", name)),
         num_heads=int(_meta(metadata, arch, "attention.head_count", name)),
         intermediate_size=int(_meta(metadata, arch, "feed_forward_length", name, 4 * hidden)),
-        max_position_embeddings=int(shapes["position_embd.weight"][0]),
+        max_position_embeddings=int(
+            _meta(metadata, arch, "context_length", name)
+            if jina
+            else shapes["position_embd.weight"][0]
+        ),
         layer_norm_eps=float(_meta(metadata, arch, "attention.layer_norm_epsilon", name, 1e-12)),
         hidden_act="gelu",
         type_vocab_size=int(shapes["token_types.weight"][0])
@@ -146,7 +162,7 @@ def gguf_encoder_config(
     return config, head
 
 
-def _module_name(tensor: str, head: str) -> list[str] | None:
+def _module_name(tensor: str, head: str, jina: bool = False) -> list[str] | None:
     """Module parameter name(s) of a GGUF tensor (two or three for fused ones), or None."""
     stem, _, leaf = tensor.rpartition(".")
     parts = stem.split(".")
@@ -159,7 +175,7 @@ def _module_name(tensor: str, head: str) -> list[str] | None:
         return [f"classifier.{leaf}"]
     if stem == "cls":
         return [f"{'head_dense' if head == 'dense' else 'classifier'}.{leaf}"]
-    part = _TOP_PARTS.get(stem)
+    part = (_JINA_TOP_PARTS if jina else _TOP_PARTS).get(stem)
     return [f"{part}.{leaf}"] if part else None
 
 
@@ -182,6 +198,31 @@ def _tensor(f: Any, info: Any) -> np.ndarray:
     except (ValueError, NotImplementedError) as exc:
         raise ModelLoadError(f"tensor {info.name}: cannot read type {info.type_name}") from exc
     return np.asarray(values, dtype=np.float32).reshape(info.shape)
+
+
+def _encoder_module(
+    arch: str, config: EncoderConfig, head: str, shapes: Mapping[str, tuple[int, ...]]
+) -> nn.Module:
+    """The MLX module for `arch`, shaped after the file's tensors."""
+    if arch != "jina-bert-v2":
+        return BertEncoder(config, head=head)
+    from mlxcel.engine.embeddings.jina_bert import JinaBertEncoder
+
+    up = shapes.get("blk.0.ffn_up.weight", (config.intermediate_size,))
+    if "blk.0.ffn_gate.weight" in shapes:
+        gate = "separate"
+    elif up[0] == 2 * config.intermediate_size:
+        gate = "fused"
+    else:
+        gate = "none"
+    return JinaBertEncoder(
+        config,
+        head=head,
+        qk_norm="blk.0.attn_q_norm.weight" in shapes,
+        norm_2="blk.0.attn_norm_2.weight" in shapes,
+        gate=gate,
+        up_bias="blk.0.ffn_up.bias" in shapes,
+    )
 
 
 def load_gguf_encoder(path: Path, *, name: str | None = None, dtype: str = "auto") -> EncoderModel:
@@ -209,11 +250,11 @@ def load_gguf_encoder(path: Path, *, name: str | None = None, dtype: str = "auto
                 f"{name}: truncated or corrupt GGUF: tensor {info.name} needs bytes up to "
                 f"{info.offset + info.nbytes}, the file has {size}"
             )
-    module = BertEncoder(config, head=head)
+    module = _encoder_module(arch, config, head, shapes)
     weights: dict[str, mx.array] = {}
     with open(path, "rb") as f:
         for info in header.tensors:
-            targets = _module_name(info.name, head)
+            targets = _module_name(info.name, head, jina=arch == "jina-bert-v2")
             if targets is None:
                 continue
             values = _tensor(f, info)
