@@ -12,7 +12,11 @@ EmbeddingItem = str | list[int] | list[int | str]
 
 
 class OpenAIEmbeddingRequest(BaseModel):
-    """POST /v1/embeddings (OpenAI), plus llama-server's `embd_normalize` and a `truncate` flag."""
+    """POST /v1/embeddings (OpenAI), plus llama-server's `embd_normalize` and a `truncate` flag.
+
+    An input over the model's limit is refused, as OpenAI and llama-server do, unless
+    `truncate` is true (then it is cut and its item says `truncated: true`).
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -22,7 +26,7 @@ class OpenAIEmbeddingRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
     embd_normalize: int | None = Field(None, ge=-1)
-    truncate: bool = True
+    truncate: bool = False
 
 
 class NativeEmbeddingRequest(BaseModel):
