@@ -68,8 +68,8 @@ def vision_model_path(ref: str | None) -> Path | None:
 
         if path.exists() or not looks_like_repo_id(ref):
             return None
-        try:
-            path = resolve_hf_repo(ref)
+        try:  # only what is cached: the text loader downloads (once) when allowed
+            path = resolve_hf_repo(ref, allow_download=False)
         except ValueError:
             return None
     return path if is_vision_model_dir(path) else None
