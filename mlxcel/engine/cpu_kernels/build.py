@@ -216,7 +216,7 @@ def _self_test(module: ModuleType) -> None:
             packed, scales, biases = mx.quantize(w, group_size=32, bits=bits)
             expected = x @ mx.dequantize(packed, scales, biases, group_size=32, bits=bits).T
             got = module.quantized_matmul(x, packed, scales, biases, 32, bits)
-            if int8:
+            if int8 and bits == 4:
                 worst = mx.abs(got - expected).max() / mx.abs(expected).max()
                 ok = bool((worst < 2e-2).item())
             else:

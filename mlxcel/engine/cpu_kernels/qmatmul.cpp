@@ -355,10 +355,10 @@ void rows_kernel(
 }
 
 // ---------------------------------------------------------------------------------------
-// The int8 path (AVX-512 VNNI), as llama.cpp does with its Q8 activations: each 32-value
-// block of x is quantized to int8 with its own scale (max |x| / 127, round to nearest), and
-// a block's dot product with the weights' 4- or 8-bit values is an exact integer sum
-// (vpdpbusd: unsigned weight values times signed x bytes), scaled once by
+// The int8 path for 4-bit weights (AVX-512 VNNI), as llama.cpp does with its Q8 activations:
+// each 32-value block of x is quantized to int8 with its own scale (max |x| / 127, round to
+// nearest), and a block's dot product with the weights' 4-bit values is an exact integer
+// sum (vpdpbusd: unsigned weight nibbles times signed x bytes), scaled once by
 // weight scale * x scale; the bias term uses the sums of the rounded x. The error against
 // float32 is that of rounding x to 8 bits (tests/test_cpu_kernels.py bounds it). Each row
 // is quantized and reduced on its own, so rows stay bit-identical alone or batched.
@@ -368,7 +368,7 @@ void rows_kernel(
 
 inline int64_t int8_chunks(int64_t K) { return (K / 32 + 3) / 4; }
 
-void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_size, int bits) {
+void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_size) {
   const int64_t chunks = int8_chunks(K);
   const int64_t blocks = K / 32;
   const int64_t groups = K / group_size;
@@ -386,20 +386,12 @@ void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_s
       for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float scale = amax / 127.0f;
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int8_t* lo = q + (b / 4) * 128 + (b % 4) * 16;
       int32_t qsum = 0;
-      if (bits == 4) {  // the chunk's 4x16 even entries, then its 4x16 odd ones
-        int8_t* lo = q + (b / 4) * 128 + (b % 4) * 16;
-        for (int j = 0; j < 16; ++j) {
-          lo[j] = static_cast<int8_t>(std::lrintf(xb[2 * j] * inv));
-          lo[64 + j] = static_cast<int8_t>(std::lrintf(xb[2 * j + 1] * inv));
-          qsum += lo[j] + lo[64 + j];
-        }
-      } else {  // in order, as the weight bytes are
-        int8_t* qb = q + b * 32;
-        for (int j = 0; j < 32; ++j) {
-          qb[j] = static_cast<int8_t>(std::lrintf(xb[j] * inv));
-          qsum += qb[j];
-        }
+      for (int j = 0; j < 16; ++j) {
+        lo[j] = static_cast<int8_t>(std::lrintf(xb[2 * j] * inv));
+        lo[64 + j] = static_cast<int8_t>(std::lrintf(xb[2 * j + 1] * inv));
+        qsum += lo[j] + lo[64 + j];
       }
       // The bias term uses the sum of the rounded x too (as llama.cpp's Q8_1 does): the
       // result is then exactly the dot product of the rounded x with the weights, whose
@@ -418,23 +410,15 @@ void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_s
 struct Int8Shape {
   int64_t groups, row_bytes, blocks, chunks;
   int per_group, scales_per_step;
-  __m512i index, even, odd;
+  __m512i index;
 
-  Int8Shape(int64_t K, int group_size, int bits)
-      : groups(K / group_size), row_bytes(K * bits / 8), blocks(K / 32), chunks(int8_chunks(K)),
+  Int8Shape(int64_t K, int group_size)
+      : groups(K / group_size), row_bytes(K / 2), blocks(K / 32), chunks(int8_chunks(K)),
         per_group(group_size / 32), scales_per_step(per_group >= 4 ? 1 : 4 / per_group) {
     // Lane l of a step belongs to block l / 4, whose scale is entry (l / 4) / per_group.
     alignas(64) int32_t lane_group[16];
     for (int l = 0; l < 16; ++l) lane_group[l] = (l / 4) / per_group;
     index = _mm512_load_si512(lane_group);
-    // 8 bits: two 64-byte dot products (8 lanes a block) folded into one of 4 lanes a block.
-    alignas(64) int32_t e[16], o[16];
-    for (int l = 0; l < 16; ++l) {
-      e[l] = 2 * l;
-      o[l] = 2 * l + 1;
-    }
-    even = _mm512_load_si512(e);
-    odd = _mm512_load_si512(o);
   }
 };
 
@@ -442,7 +426,7 @@ struct Int8Shape {
 // (128 values, 64 weight bytes) per step. Several weight rows per pass share the loads of
 // x; each (x row, weight row) pair gets the same operations in the same order whatever
 // MB and NR are.
-template <int MB, int NR, int BITS>
+template <int MB, int NR>
 inline void int8_tile(
     const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
     const Int8Shape& sh, int64_t m0, int64_t N, float* out, int64_t n) {
@@ -460,24 +444,13 @@ inline void int8_tile(
     const int64_t g0 = (4 * c) / sh.per_group;
     const int64_t n_scales = std::min<int64_t>(sh.scales_per_step, sh.groups - g0);
     const __mmask8 smask = static_cast<__mmask8>((1u << n_scales) - 1);
-    __m512i lo[NR], hi[NR];  // 4 bits: low and high nibbles; 8 bits: the two 64-byte halves
+    __m512i lo[NR], hi[NR];
     __m512 s[NR], bias[NR];
     for (int r = 0; r < NR; ++r) {
-      if (BITS == 4) {
-        const uint8_t* wr = w + (n + r) * sh.row_bytes + 64 * c;
-        __m512i wq = _mm512_maskz_loadu_epi8(wmask, wr);
-        lo[r] = _mm512_and_si512(wq, nibble);
-        hi[r] = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
-      } else {
-        const uint8_t* wr = w + (n + r) * sh.row_bytes + 128 * c;
-        const int64_t bytes = 32 * in_step;
-        lo[r] = _mm512_maskz_loadu_epi8(bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << bytes) - 1,
-                                        wr);
-        hi[r] = _mm512_maskz_loadu_epi8(
-            bytes >= 128 ? ~__mmask64{0}
-                         : (bytes <= 64 ? __mmask64{0} : (__mmask64{1} << (bytes - 64)) - 1),
-            wr + 64);
-      }
+      const uint8_t* wr = w + (n + r) * sh.row_bytes + 64 * c;
+      __m512i wq = _mm512_maskz_loadu_epi8(wmask, wr);
+      lo[r] = _mm512_and_si512(wq, nibble);
+      hi[r] = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
       const float* sr = scales + (n + r) * sh.groups + g0;
       const float* br = biases + (n + r) * sh.groups + g0;
       s[r] = _mm512_permutexvar_ps(sh.index,
@@ -493,16 +466,8 @@ inline void int8_tile(
       const __m512 d = _mm512_loadu_ps(dx + at);
       const __m512 q = _mm512_loadu_ps(qsum + at);
       for (int r = 0; r < NR; ++r) {
-        __m512i dot;
-        if (BITS == 4) {
-          dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xlo);
-          dot = _mm512_dpbusd_epi32(dot, hi[r], xhi);
-        } else {
-          __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xlo);
-          __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[r], xhi);
-          dot = _mm512_add_epi32(_mm512_permutex2var_epi32(d0, sh.even, d1),
-                                 _mm512_permutex2var_epi32(d0, sh.odd, d1));
-        }
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[r], xlo);
+        dot = _mm512_dpbusd_epi32(dot, hi[r], xhi);
         total[r][m] = _mm512_fmadd_ps(bias[r], q, total[r][m]);
         total[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[r], d),
                                       total[r][m]);
@@ -513,38 +478,37 @@ inline void int8_tile(
     for (int m = 0; m < MB; ++m) out[(m0 + m) * N + n + r] = _mm512_reduce_add_ps(total[r][m]);
 }
 
-template <int MB, int BITS>
+template <int MB>
 void rows_int8(
     const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
     int64_t m0, int64_t K, int64_t N, int group_size, float* out, int64_t n_begin,
     int64_t n_end) {
-  const Int8Shape sh(K, group_size, BITS);
+  const Int8Shape sh(K, group_size);
   constexpr int NR = MB == 1 ? 4 : (MB == 2 ? 2 : 1);
   int64_t n = n_begin;
   for (; n + NR <= n_end; n += NR) {
-    int8_tile<MB, NR, BITS>(w, scales, biases, p, sh, m0, N, out, n);
+    int8_tile<MB, NR>(w, scales, biases, p, sh, m0, N, out, n);
   }
-  for (; n < n_end; ++n) int8_tile<MB, 1, BITS>(w, scales, biases, p, sh, m0, N, out, n);
+  for (; n < n_end; ++n) int8_tile<MB, 1>(w, scales, biases, p, sh, m0, N, out, n);
 }
 
-template <int BITS>
 void run_rows_int8(
     const uint8_t* w, const float* scales, const float* biases, const Prepared& p,
     int64_t M, int64_t K, int64_t N, int group_size, float* out, int64_t n_begin,
     int64_t n_end) {
   int64_t m0 = 0;
   for (; m0 + 4 <= M; m0 += 4) {
-    rows_int8<4, BITS>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+    rows_int8<4>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
   }
   switch (M - m0) {
     case 3:
-      rows_int8<3, BITS>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      rows_int8<3>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
       break;
     case 2:
-      rows_int8<2, BITS>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      rows_int8<2>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
       break;
     case 1:
-      rows_int8<1, BITS>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
+      rows_int8<1>(w, scales, biases, p, m0, K, N, group_size, out, n_begin, n_end);
       break;
     default:
       break;
@@ -587,14 +551,12 @@ void qmatmul(
   Prepared& p = buffer;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-  if (g_int8.load(std::memory_order_relaxed)) {
-    prepare_int8(p, x, M, K, group_size, bits);
+  // 8-bit weights stay on the float path: an int8 version (two 64-byte dot products per
+  // step) measured slower on SmolLM2's 8-bit LM head (5.7 vs 3.8 ms a token, one thread).
+  if (bits == 4 && g_int8.load(std::memory_order_relaxed)) {
+    prepare_int8(p, x, M, K, group_size);
     RowPool::instance().run(N, M * N * K, [&](int64_t begin, int64_t end) {
-      if (bits == 4) {
-        run_rows_int8<4>(wb, scales, biases, p, M, K, N, group_size, out, begin, end);
-      } else {
-        run_rows_int8<8>(wb, scales, biases, p, M, K, N, group_size, out, begin, end);
-      }
+      run_rows_int8(wb, scales, biases, p, M, K, N, group_size, out, begin, end);
     });
     return;
   }
