@@ -185,7 +185,7 @@ def test_routes_answer_501_naming_the_flag_without_an_image_model() -> None:
 
 
 def test_full_queue_503_before_work_and_timeout_504(z_dir: Any) -> None:
-    args = ["--image-model", str(z_dir), "--image-queue-depth", "1", "--image-timeout", "3"]
+    args = ["--image-model", str(z_dir), "--image-queue-depth", "1", "--image-timeout", "8"]
     with ServeProcess(args, env=subprocess_env()) as proc:
         long = {"prompt": "x", "size": "64x64", "steps": 200, "n": 10}
         answers: list[httpx.Response] = []
@@ -198,7 +198,7 @@ def test_full_queue_503_before_work_and_timeout_504(z_dir: Any) -> None:
         threads = [threading.Thread(target=post) for _ in range(3)]
         for thread in threads:
             thread.start()
-            time.sleep(0.3)
+            time.sleep(0.5)
         for thread in threads:
             thread.join(120)
         statuses = sorted(answer.status_code for answer in answers)
