@@ -23,14 +23,13 @@ import heapq
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
+from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel
 from mlxcel.engine.text.memory_budget import admit as admit_memory
 from mlxcel.engine.text.request import (
@@ -40,6 +39,7 @@ from mlxcel.engine.text.request import (
     TokenLogprob,
 )
 from mlxcel.engine.text.speculative import SpeculationConfig
+from mlxcel.engine.text.submission import iterate_events, token_budget
 
 log = logging.getLogger(__name__)
 
@@ -192,23 +192,7 @@ class TextEngine:
 
     def check(self, request: GenerationRequest) -> int:
         """Validate `request` against the model and context; return its token budget."""
-        n_prompt = len(request.prompt_tokens)
-        if n_prompt == 0:
-            raise InvalidRequestError("the prompt is empty")
-        vocab = self.tokenizer.vocab_size
-        if any(t < 0 or t >= vocab for t in request.prompt_tokens):
-            raise InvalidRequestError("the prompt contains token ids outside the vocabulary")
-        if n_prompt >= self.context_per_slot:
-            raise ContextLengthError(
-                f"the request exceeds the available context size: {n_prompt} prompt tokens, "
-                f"context is {self.context_per_slot} tokens per slot"
-            )
-        budget = self.context_per_slot - n_prompt
-        if request.max_tokens is not None:
-            if request.max_tokens < 0:
-                raise InvalidRequestError("max_tokens must be >= 0")
-            budget = min(budget, request.max_tokens)
-        return budget
+        return token_budget(request, self.context_per_slot, self.tokenizer.vocab_size)
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         """Queue `request`; its events go to `sink` (called on the engine thread)."""
@@ -237,16 +221,7 @@ class TextEngine:
 
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
         """Submit `request` and yield its events in order (for the CLI and tests)."""
-        events: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
-        self.submit(request, events.put)
-        try:
-            while True:
-                event = events.get()
-                yield event
-                if event.finished:
-                    return
-        finally:
-            self.cancel(request.request_id)
+        yield from iterate_events(self.submit, self.cancel, request)
 
     def forget_traffic(self) -> None:
         """Counters and slot usage back to a fresh engine's (after a warm-up request)."""

@@ -10,16 +10,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
+from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings, TokenLogprob
 from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, EventSink, SlotState
+from mlxcel.engine.text.submission import iterate_events, token_budget
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
 from mlxcel.engine.vision.loader import LoadedVisionModel
 
@@ -155,20 +155,7 @@ class VisionEngine:
 
     def check(self, request: GenerationRequest) -> int:
         """Validate `request` against the context; return its token budget."""
-        n_prompt = len(request.prompt_tokens)
-        if n_prompt == 0:
-            raise InvalidRequestError("the prompt is empty")
-        if n_prompt >= self.context_per_slot:
-            raise ContextLengthError(
-                f"the request exceeds the available context size: {n_prompt} prompt tokens, "
-                f"context is {self.context_per_slot} tokens per slot"
-            )
-        budget = self.context_per_slot - n_prompt
-        if request.max_tokens is not None:
-            if request.max_tokens < 0:
-                raise InvalidRequestError("max_tokens must be >= 0")
-            budget = min(budget, request.max_tokens)
-        return budget
+        return token_budget(request, self.context_per_slot)
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         """Queue `request` (its `media` a VisionPrompt, or None for text only)."""
@@ -202,16 +189,7 @@ class VisionEngine:
 
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
         """Submit `request` and yield its events in order (for the CLI and tests)."""
-        events: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
-        self.submit(request, events.put)
-        try:
-            while True:
-                event = events.get()
-                yield event
-                if event.finished:
-                    return
-        finally:
-            self.cancel(request.request_id)
+        yield from iterate_events(self.submit, self.cancel, request)
 
     def snapshot(self) -> EngineSnapshot:
         """The one slot, the queue and the counters as of now."""
