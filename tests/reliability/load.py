@@ -29,7 +29,8 @@ class LoadReport:
     lost: int = 0  # streams that ended without a finish_reason and [DONE]
     unexpected: list[str] = field(default_factory=list)  # any other status or failure
     ttft_ms: list[float] = field(default_factory=list)
-    rss_warm: int = 0
+    rss_warm: int = 0  # RSS once warm (0: the prompt cache never filled in the run)
+    warm_at_s: float = 0.0  # seconds into the run when it was warm
     rss_end: int = 0
 
     def figures(self) -> dict[str, Any]:
@@ -131,7 +132,8 @@ async def one_stream(
 async def run_load(
     url: str, pid: int, *, seconds: float, clients: int, warmup: float, seed: int = 0
 ) -> LoadReport:
-    """`clients` streaming clients for `seconds`; RSS taken after `warmup` s and at the end."""
+    """`clients` streaming clients for `seconds`; RSS once warm (at least `warmup` s in, and
+    the prompt cache full) and at the end."""
     report = LoadReport()
     deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients)
@@ -148,8 +150,16 @@ async def run_load(
                     report.unexpected.append(f"transport {type(exc).__name__}")
 
         async def sample_rss() -> None:
+            # Warm once `warmup` seconds have passed and the prompt cache is full (it has
+            # evicted): until then RSS grows with the cache, by design.
             await asyncio.sleep(warmup)
-            report.rss_warm = rss_bytes(pid)
+            while time.monotonic() < deadline - 1:
+                stats = (await client.get("/v1/cache/stats")).json()
+                if not stats.get("enabled") or stats.get("evictions_lru", 0) > 0:
+                    report.rss_warm = rss_bytes(pid)
+                    report.warm_at_s = round(seconds - (deadline - time.monotonic()), 1)
+                    return
+                await asyncio.sleep(0.5)
 
         await asyncio.gather(sample_rss(), *(worker(i) for i in range(clients)))
     report.rss_end = rss_bytes(pid)

@@ -34,7 +34,8 @@ def _soak(model_dir: Path, seconds: float, warmup: float, extra: list[str]) -> N
         assert report.unexpected == [], figures
         assert report.lost == 0, figures
         assert report.requests >= CLIENTS, figures
-        assert report.rss_warm > 0 and report.rss_end <= report.rss_warm * 1.10, figures
+        assert report.rss_warm > 0, f"the prompt cache never filled: {figures}"
+        assert report.rss_end <= report.rss_warm * 1.10, figures
         deadline = time.monotonic() + 10
         with server.client() as client:
             while time.monotonic() < deadline:
@@ -55,6 +56,6 @@ def test_soak_ci_form(tiny_llama_dir: Path) -> None:
 
 @pytest.mark.soak
 def test_soak_five_minutes(tiny_llama_dir: Path) -> None:
-    # The default prompt cache (1024 entries) fills in about a minute of this load: the
-    # warm-up covers it (RSS grows with the cache until then, by design).
-    _soak(tiny_llama_dir, 300.0, warmup=90.0, extra=[])
+    # The default prompt cache holds 1024 entries: warm once it has filled (about a minute
+    # of this load on 2 free cores); RSS grows with the cache until then, by design.
+    _soak(tiny_llama_dir, 300.0, warmup=30.0, extra=[])
