@@ -20,7 +20,13 @@ import pytest
 from anthropic import Anthropic, AsyncAnthropic
 from fixtures.stand_in_engine import StandInEngine
 from server_harness import API_KEY, ServeProcess
-from test_server_tools import CALL_TOKENS, QWEN_STYLE_TEMPLATE, THINK_TOKENS
+from test_server_tools import (
+    CALL_TOKENS,
+    QWEN_STYLE_TEMPLATE,
+    THINK_TOKENS,
+    THINKING_OPT_IN,
+    opt_in_thinking,
+)
 
 from mlxcel.config import Settings
 from mlxcel.engine.chat.tool_calls.base import (
@@ -114,6 +120,8 @@ def make_state(
 ) -> ServerState:
     from mlxcel.engine.tokenizer import Tokenizer
 
+    if template == QWEN_STYLE_TEMPLATE:
+        settings = opt_in_thinking(settings)
     state = ServerState(
         settings=Settings(warmup=False, **settings),
         tokenizer=Tokenizer(hf_tokenizer, chat_template=template),
@@ -759,6 +767,7 @@ def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     template = tmp_path_factory.mktemp("tpl") / "qwen.jinja"
     template.write_text(QWEN_STYLE_TEMPLATE, encoding="utf-8")
     args = ["-m", str(tiny_llama_dir), "-np", "2", "-c", "4096", "--api-key", API_KEY]
+    args += ["--chat-template-kwargs", json.dumps(THINKING_OPT_IN)]
     with ServeProcess([*args, "--chat-template-file", str(template)]) as server:
         yield server.url
 

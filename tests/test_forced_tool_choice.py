@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 from server_harness import API_KEY, ServeProcess
-from test_server_tools import QWEN_STYLE_TEMPLATE
+from test_server_tools import QWEN_STYLE_TEMPLATE, THINKING_OPT_IN
 
 from mlxcel.engine.chat.tool_calls import get_format
 from mlxcel.engine.chat.tool_calls.output import parse_chat_output
@@ -66,6 +66,7 @@ def client(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     template = tmp_path_factory.mktemp("tpl") / "qwen.jinja"
     template.write_text(QWEN_STYLE_TEMPLATE, encoding="utf-8")
     args = ["-m", str(tiny_llama_dir), "-np", "4", "-c", "8192", "--api-key", API_KEY]
+    args += ["--chat-template-kwargs", json.dumps(THINKING_OPT_IN)]
     with ServeProcess([*args, "--chat-template-file", str(template)]).start() as server:
         yield OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
 

@@ -24,7 +24,7 @@ import pytest
 from fixtures.stand_in_engine import StandInEngine
 from openai import AsyncOpenAI, OpenAI
 from server_harness import API_KEY, InProcessServer, main_server_args, shared_server
-from test_server_tools import CALL_TOKENS, QWEN_STYLE_TEMPLATE, THINK_TOKENS
+from test_server_tools import CALL_TOKENS, QWEN_STYLE_TEMPLATE, THINK_TOKENS, opt_in_thinking
 
 from mlxcel.config import Settings
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings
@@ -126,7 +126,7 @@ def make_state(hf_tokenizer: Any, engine: Engine, **settings: Any) -> ServerStat
     from mlxcel.engine.tokenizer import Tokenizer
 
     state = ServerState(
-        settings=Settings(warmup=False, **settings),
+        settings=Settings(warmup=False, **opt_in_thinking(settings)),
         tokenizer=Tokenizer(hf_tokenizer, chat_template=QWEN_STYLE_TEMPLATE),
     )
     state.client = EngineClient(engine)

@@ -41,6 +41,19 @@ Call a function with <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im
 {% if enable_thinking is defined and enable_thinking %}<think>
 {% endif %}{% endif %}"""
 
+THINKING_OPT_IN = {"enable_thinking": False}
+"""The server default these tests run QWEN_STYLE_TEMPLATE with: thinking only when a request
+asks for it (under `--reasoning auto` a template with an `enable_thinking` switch would
+otherwise render thinking on, as llama-server does)."""
+
+
+def opt_in_thinking(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with THINKING_OPT_IN as the template default unless they set reasoning."""
+    if "reasoning" in settings or "chat_template_kwargs" in settings:
+        return settings
+    return {"chat_template_kwargs": dict(THINKING_OPT_IN), **settings}
+
+
 PLAIN_TEMPLATE = """\
 {%- for message in messages %}{{ message.role }}: {{ message.content }}
 {% endfor %}assistant:"""
@@ -120,6 +133,8 @@ def make_app(
     from mlxcel.engine.tokenizer import Tokenizer
 
     engine = ScriptedEngine(tokens)
+    if template == QWEN_STYLE_TEMPLATE:
+        settings = opt_in_thinking(settings)
     state = ServerState(
         settings=Settings(warmup=False, **settings),
         tokenizer=Tokenizer(hf_tokenizer, chat_template=template),

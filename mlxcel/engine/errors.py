@@ -16,7 +16,15 @@ class InvalidRequestError(EngineError, ValueError):
 
 
 class ContextLengthError(InvalidRequestError):
-    """The prompt (plus the requested tokens) does not fit the slot's context."""
+    """The prompt (plus the requested tokens) does not fit the slot's context; the
+    prompt's token count and the context size, when known (llama-server reports both)."""
+
+    def __init__(
+        self, message: str, *, n_prompt_tokens: int | None = None, n_ctx: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
 
 
 class QueueFullError(EngineError):

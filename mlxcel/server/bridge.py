@@ -24,7 +24,12 @@ from mlxcel.engine.errors import (
     RequestMemoryBudgetError,
 )
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
-from mlxcel.server.errors import bad_request, memory_budget_exceeded, server_busy
+from mlxcel.server.errors import (
+    bad_request,
+    context_too_long,
+    memory_budget_exceeded,
+    server_busy,
+)
 
 
 class _Dispatcher:
@@ -213,7 +218,7 @@ class EngineClient:
         except RequestMemoryBudgetError as exc:
             raise memory_budget_exceeded(exc.estimated_bytes, exc.budget_bytes, str(exc)) from exc
         except ContextLengthError as exc:
-            raise bad_request(str(exc), code="context_length_exceeded") from exc
+            raise context_too_long(exc) from exc
         except InvalidRequestError as exc:
             raise bad_request(str(exc)) from exc
         return stream

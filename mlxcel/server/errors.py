@@ -55,6 +55,19 @@ def bad_request(message: str, *, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", code=code)
 
 
+def context_too_long(exc: Exception) -> APIError:
+    """400 `context_length_exceeded` for an engine `ContextLengthError`, with llama-server's
+    `n_prompt_tokens` and `n_ctx` in the error object when the engine knows them."""
+    extra = {
+        name: value
+        for name in ("n_prompt_tokens", "n_ctx")
+        if isinstance(value := getattr(exc, name, None), int)
+    }
+    return APIError(
+        400, str(exc), "invalid_request_error", code="context_length_exceeded", extra=extra
+    )
+
+
 def server_busy(message: str = "All slots are busy. Please try again later.") -> APIError:
     """503 server_busy with Retry-After, so a load balancer can retry safely."""
     return APIError(503, message, "server_busy", headers={"Retry-After": RETRY_AFTER_SECONDS})

@@ -83,25 +83,39 @@ def choice_chunk(
     object: str,
     choice: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> str:
-    """One SSE chunk of an OpenAI stream: the envelope, `extra`, and choice 0's fields."""
+    """One SSE chunk of an OpenAI stream: the envelope, `extra`, and one choice's fields."""
     return sse_data(
-        {**envelope(meta, object), **(extra or {}), "choices": [{"index": 0, **choice}]}
+        {**envelope(meta, object), **(extra or {}), "choices": [{"index": index, **choice}]}
     )
 
 
-def usage_chunk(meta: dict[str, Any], object: str, final: GenerationEvent) -> str:
+def usage_chunk(meta: dict[str, Any], object: str, finals: list[GenerationEvent]) -> str:
     """The `stream_options.include_usage` chunk: no choices, the request's `usage`."""
-    usage = usage_payload(final.prompt_tokens, final.completion_tokens)
-    return sse_data({**envelope(meta, object), "choices": [], "usage": usage})
+    return sse_data({**envelope(meta, object), "choices": [], "usage": usage_of(finals)})
 
 
-def usage_payload(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """The OpenAI `usage` object."""
+def usage_of(finals: list[GenerationEvent]) -> dict[str, Any]:
+    """The `usage` of a request from its choices' final events: the prompt counted once,
+    completion tokens summed over the choices, the prompt-cache hit of the first choice."""
+    first = finals[0]
+    cached = first.timings.cache_n if first.timings is not None else 0
+    return usage_payload(
+        first.prompt_tokens, sum(f.completion_tokens for f in finals), cached_tokens=cached
+    )
+
+
+def usage_payload(
+    prompt_tokens: int, completion_tokens: int, *, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """The OpenAI `usage` object; `prompt_tokens_details.cached_tokens` is how many prompt
+    tokens the prompt cache served."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

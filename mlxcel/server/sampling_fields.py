@@ -10,6 +10,7 @@ server's defaults filled in.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 MAX_STOP_STRINGS = 64
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024
+MAX_CHOICES = 16
+"""The most choices (`n`) one chat or text completion request may ask for."""
 PRIORITY_HEADER = "x-priority"
 
 
@@ -61,6 +64,8 @@ class SamplingFields(_KnobFields):
     max_pattern_size: int | None = None
     min_pattern_size: int | None = None
     min_count: int | None = None
+    timings_per_token: bool | None = None
+    return_progress: bool | None = None
     extra_body: dict[str, Any] | None = None
 
     @model_validator(mode="before")
@@ -90,10 +95,22 @@ class SamplingFields(_KnobFields):
             raise bad_request(f"stop: at most {MAX_STOP_STRINGS} stop strings are allowed")
         return tuple(dict.fromkeys(s for s in items if s))
 
-    def check_n(self) -> None:
-        """Only one choice per request is supported (`n` = 1)."""
-        if self.n is not None and self.n != 1:
-            raise bad_request(f"n: only n=1 is supported, not {self.n}")
+    def check_n(self, most: int = 1) -> int:
+        """How many choices the request asks for (`n`, default 1); 400 outside 1..`most`
+        (routes that run one sequence only pass 1)."""
+        n = 1 if self.n is None else self.n
+        if most <= 1 and n != 1:
+            raise bad_request(f"n: only n=1 is supported on this route, not {n}")
+        if not 1 <= n <= most:
+            raise bad_request(f"n: must be between 1 and {most}, not {n}")
+        return n
+
+    def stream_reports(self, request: GenerationRequest, *, stream: bool) -> None:
+        """llama-server's `timings_per_token` (each chunk carries the timings so far) and
+        `return_progress` (prefill progress chunks before the first token): for streamed
+        answers only, as llama-server sends them."""
+        request.timings_per_token = stream and bool(self.timings_per_token)
+        request.progress = stream and bool(self.return_progress)
 
     def check_constraints(self) -> None:
         """llama-server's GBNF `grammar` field is refused (400), never ignored: ignoring it
@@ -167,14 +184,16 @@ def to_generation_request(
     max_tokens: int | None,
     priority: Priority,
     logprobs: int | None = None,
+    max_choices: int = 1,
 ) -> GenerationRequest:
     """Build the engine request: request fields over the server's defaults.
 
     `max_tokens` is the request's limit (None or -1: the server's `--predict`, and when
     that is -1 too, up to the slot's context; the engine bounds it by the context anyway).
-    Out-of-range values raise a 400 APIError.
+    Out-of-range values raise a 400 APIError; `n` above `max_choices` too (the route
+    runs the choices itself, see `per_choice`).
     """
-    fields.check_n()
+    fields.check_n(max_choices)
     fields.check_constraints()
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
@@ -212,11 +231,29 @@ def to_generation_request(
     )
 
 
+def per_choice(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """`n` engine requests for `n` choices of one prompt: copies of `request`, each with
+    its own id; with a fixed seed, choice i samples with seed + i (distinct yet
+    reproducible), else each draws its own random seed."""
+    if n <= 1:
+        return [request]
+    seed = request.sampling.seed
+    out = [request]
+    for i in range(1, n):
+        sampling = request.sampling
+        if seed is not None and seed >= 0:
+            sampling = replace(sampling, seed=seed + i)
+        out.append(replace(request, sampling=sampling, request_id=f"{request.request_id}.{i}"))
+    return out
+
+
 __all__ = [
+    "MAX_CHOICES",
     "MAX_TOP_LOGPROBS",
     "PRIORITY_HEADER",
     "SamplingFields",
     "parse_priority",
+    "per_choice",
     "resolve_cache_prompt",
     "to_generation_request",
 ]

@@ -31,7 +31,9 @@ def too_long(index: int, count: int, limit: int, what: str = "input") -> Context
     """The error for an input over the limit when truncation is off."""
     return ContextLengthError(
         f"{what} {index} has {count} tokens, more than the model's limit of {limit}: "
-        "too large to process; shorten it or allow truncation"
+        "too large to process; shorten it or allow truncation",
+        n_prompt_tokens=count,
+        n_ctx=limit,
     )
 
 

@@ -50,6 +50,8 @@ class GenerationRequest:
     thinking: Any = None  # a thinking budget (mlxcel.engine.text.thinking_budget) or None
     skip_special: bool = True  # False: special tokens' text is decoded (output parsers)
     media: Any = None  # a vision prompt (mlxcel.engine.vision.VisionPrompt) or None
+    timings_per_token: bool = False  # every token's event carries the timings so far
+    progress: bool = False  # prefill progress events (`GenerationEvent.progress`)
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
 
@@ -109,6 +111,26 @@ class Timings:
         return out
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a request's prompt processing is (llama-server's `prompt_progress`): prompt
+    tokens in all, served by the prompt cache, processed so far (the cached ones included)
+    and milliseconds since the request was admitted."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def to_dict(self) -> dict[str, int | float]:
+        return {
+            "total": self.total,
+            "cache": self.cache,
+            "processed": self.processed,
+            "time_ms": self.time_ms,
+        }
+
+
 @dataclass
 class GenerationEvent:
     """A step of a request's output: new text, and on the last event the finish."""
@@ -124,6 +146,7 @@ class GenerationEvent:
     error: str | None = None
     slot: int = -1
     stop_word: str | None = None  # the stop string that ended generation, if any
+    progress: PromptProgress | None = None  # a prefill progress event (no output)
 
     @property
     def finished(self) -> bool:

@@ -35,6 +35,7 @@ from mlxcel.engine.text.memory_budget import admit as admit_memory
 from mlxcel.engine.text.request import (
     GenerationEvent,
     GenerationRequest,
+    PromptProgress,
     Timings,
     TokenLogprob,
 )
@@ -114,6 +115,7 @@ class _Job:
     sampler: Any = None
     row: Any = None  # sampling.batched.RowSampling when the engine samples batched
     spec: Any = None  # speculative.lane.SequenceSpeculation when the request may speculate
+    progress_sent: int = -1  # the last prefill progress reported (`processed`)
 
 
 class TextEngine:
@@ -370,6 +372,8 @@ class TextEngine:
         self._by_uid[uid] = job
         if job.row is not None:
             self._rows.insert(uid, len(prompt) - job.cache_n, job.row)
+        if request.progress:
+            self._progress(job, 0)
         self.counters.sequences_started += 1
         self.counters.busy_slots_max = max(self.counters.busy_slots_max, len(self._running))
 
@@ -395,8 +399,15 @@ class TextEngine:
         now = time.perf_counter()
         for p in prompt_responses:
             job = self._by_uid.get(p.uid)
-            if job is not None and p.end_of_prompt:
+            if job is None:
+                continue
+            if p.end_of_prompt:
                 job.prefilled = True
+            if job.request.progress and not job.finished:
+                done, todo = (int(x) for x in p.progress)
+                # All but the last token processed is the prompt done: the generator takes
+                # that one into the first decode step (one report per chunk, as llama-server).
+                self._progress(job, done, p.end_of_prompt or done >= todo - 1)
         self._count_step(stats, len(responses), bool(prompt_responses))
         for r in responses:
             job = self._by_uid.get(r.uid)
@@ -606,7 +617,40 @@ class TextEngine:
                 token_ids=(token,),
                 logprobs=logprobs,
                 slot=job.slot,
+                timings=self._timings(job, time.perf_counter())
+                if job.request.timings_per_token
+                else None,
             )
+        )
+
+    def _progress(self, job: _Job, done: int, complete: bool = False) -> None:
+        """Send a prefill progress event: `done` of the uncached prompt tokens processed
+        (none when it would repeat the last one)."""
+        total = len(job.request.prompt_tokens)
+        processed = total if complete else min(total, job.cache_n + done)
+        if processed <= job.progress_sent:
+            return
+        job.progress_sent = processed
+        elapsed = (time.perf_counter() - job.admitted) * 1000 if job.admitted else 0.0
+        if job.flush is not None:
+            self._to_flush.add(job.flush)
+        job.sink(
+            GenerationEvent(
+                request_id=job.request.request_id,
+                slot=job.slot,
+                progress=PromptProgress(total, job.cache_n, processed, elapsed),
+            )
+        )
+
+    def _timings(self, job: _Job, end: float) -> Timings:
+        """The request's timings as of `end` (the prompt's end at its first token)."""
+        first = job.first_token or end
+        return Timings(
+            prompt_n=len(job.request.prompt_tokens) - job.cache_n,
+            prompt_ms=(first - job.admitted) * 1000 if job.admitted else 0.0,
+            predicted_n=job.n_generated,
+            predicted_ms=(end - first) * 1000,
+            cache_n=job.cache_n,
         )
 
     def _finish(
@@ -624,14 +668,7 @@ class TextEngine:
         if job is self._lane_job:
             self._lane = self._lane_job = None
         end = time.perf_counter()
-        first = job.first_token or end
-        timings = Timings(
-            prompt_n=len(job.request.prompt_tokens) - job.cache_n,
-            prompt_ms=(first - job.admitted) * 1000 if job.admitted else 0.0,
-            predicted_n=job.n_generated,
-            predicted_ms=(end - first) * 1000,
-            cache_n=job.cache_n,
-        )
+        timings = self._timings(job, end)
         spec = job.spec
         if spec is not None and spec.draft_rounds:
             timings.draft_n = spec.draft_n

@@ -25,7 +25,9 @@ def token_budget(
     if n_prompt >= context_per_slot:
         raise ContextLengthError(
             f"the request exceeds the available context size: {n_prompt} prompt tokens, "
-            f"context is {context_per_slot} tokens per slot"
+            f"context is {context_per_slot} tokens per slot",
+            n_prompt_tokens=n_prompt,
+            n_ctx=context_per_slot,
         )
     budget = context_per_slot - n_prompt
     if request.max_tokens is not None:

@@ -16,7 +16,7 @@ from mlxcel.engine.workers.errors import (
     WorkerStoppedError,
     WorkerTimeoutError,
 )
-from mlxcel.server.errors import APIError, bad_request, server_busy
+from mlxcel.server.errors import APIError, bad_request, context_too_long, server_busy
 
 if TYPE_CHECKING:
     from mlxcel.engine.embeddings.embedder import EmbeddingOutput
@@ -51,7 +51,7 @@ async def await_job(submit: Any, timeout: float | None) -> Any:
     except WorkerCrashedError as exc:
         raise APIError(500, str(exc), "server_error") from exc
     except ContextLengthError as exc:
-        raise bad_request(str(exc), code="context_length_exceeded") from exc
+        raise context_too_long(exc) from exc
     except InvalidRequestError as exc:
         raise bad_request(str(exc)) from exc
     except (asyncio.TimeoutError, WorkerTimeoutError) as exc:

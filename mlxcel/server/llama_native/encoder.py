@@ -72,6 +72,7 @@ class NativeEncoder(Encoder):
         self.slots = [-1] * len(requests)
         self._looked = [False] * len(requests)
         self._predicted = [0] * len(requests)
+        self._progressed = [False] * len(requests)
 
     def observe(self, index: int, event: GenerationEvent) -> None:
         """Note the slot serving sequence `index` (the engine may name it on any event;
@@ -94,6 +95,17 @@ class NativeEncoder(Encoder):
     # ------------------------------------------------------------------ streaming
 
     def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
+        request = self.requests[index]
+        if event.progress is not None:  # asked for with `return_progress`
+            self._progressed[index] = True
+            return [self._progress_chunk(index, event.progress.to_dict())]
+        lines: list[str] = []
+        if request.progress and not self._progressed[index]:
+            # An engine that reports no prefill steps: one report, the prompt processed.
+            self._progressed[index] = True
+            n = len(request.prompt_tokens)
+            done = {"total": n, "cache": 0, "processed": n, "time_ms": 0.0}
+            lines.append(self._progress_chunk(index, done))
         self._predicted[index] += len(event.token_ids)
         chunk: dict[str, Any] = {
             "index": index,
@@ -102,11 +114,29 @@ class NativeEncoder(Encoder):
             "stop": False,
             "id_slot": -1,
             "tokens_predicted": self._predicted[index],
-            "tokens_evaluated": len(self.requests[index].prompt_tokens),
+            "tokens_evaluated": len(request.prompt_tokens),
         }
+        if event.timings is not None and request.timings_per_token and not event.finished:
+            chunk["timings"] = event.timings.to_dict()
         if self.native.n_probs > 0 and not event.finished:
             chunk["completion_probabilities"] = chat_logprobs(self.tokenizer, list(event.logprobs))
-        return [sse_data(chunk)]
+        lines.append(sse_data(chunk))
+        return lines
+
+    def _progress_chunk(self, index: int, progress: dict[str, Any]) -> str:
+        """A prefill progress chunk (llama-server's partial result with `prompt_progress`)."""
+        return sse_data(
+            {
+                "index": index,
+                "content": "",
+                "tokens": [],
+                "stop": False,
+                "id_slot": -1,
+                "tokens_predicted": 0,
+                "tokens_evaluated": len(self.requests[index].prompt_tokens),
+                "prompt_progress": progress,
+            }
+        )
 
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
         return [sse_data(self._result(index, [], final, content=""))]

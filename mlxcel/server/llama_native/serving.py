@@ -179,6 +179,8 @@ class NativeServing:
     ) -> Response:
         body.resolve_logit_bias(self.tokenizer)
         requests = [self._request(body, tokens, raw) for tokens in token_lists]
+        for request in requests:
+            body.stream_reports(request, stream=body.stream)
         job = Job.admit(self.state, requests)  # 400/503 here, before any SSE header
         model = reported_model(self.state, body.model)
         encoder = NativeEncoder(self.state, body, requests, model, single=single)

@@ -8,6 +8,7 @@ the OpenAI SDKs raise on) and `[DONE]`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +32,9 @@ from mlxcel.server.openai_common import (
     envelope,
     speculative_timings,
     usage_chunk,
-    usage_payload,
+    usage_of,
 )
-from mlxcel.server.sse import SSE_DONE, sse_template
+from mlxcel.server.sse import SSE_DONE, sse_data, sse_template
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
@@ -117,7 +118,7 @@ CHUNK = "chat.completion.chunk"
 
 
 class ChatEncoder(Encoder):
-    """One chat completion (a single choice), as JSON or as chunks."""
+    """One chat completion (one choice per engine sequence), as JSON or as chunks."""
 
     def __init__(
         self,
@@ -132,7 +133,8 @@ class ChatEncoder(Encoder):
         self.meta = meta
         self.include_usage = include_usage
         self.want_logprobs = chat.job.request.logprobs is not None
-        self._out = chat.plan.stream(meta["id"])
+        self._outs = [chat.plan.stream(meta["id"]) for _ in chat.job.streams]
+        self._finals: list[GenerationEvent] = []
         self._content_chunk = sse_template(lambda text: self._chunk({"content": text}))
 
     def _chunk(
@@ -141,73 +143,92 @@ class ChatEncoder(Encoder):
         reason: str | None = None,
         logprobs: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        index: int = 0,
     ) -> str:
         choice = {"delta": delta, "finish_reason": reason, "logprobs": logprobs}
-        return choice_chunk(self.meta, CHUNK, choice, extra)
+        return choice_chunk(self.meta, CHUNK, choice, extra, index)
 
     # ------------------------------------------------------------------ streaming
 
     def opening(self) -> Iterable[str]:
-        return [self._chunk({"role": "assistant"})]
+        return [self._chunk({"role": "assistant"}, index=i) for i in range(len(self._outs))]
 
     def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
+        if event.progress is not None:  # `return_progress`: llama-server's role chunk
+            extra = {"prompt_progress": event.progress.to_dict()}
+            return [self._chunk({"role": "assistant", "content": None}, extra=extra, index=index)]
+        lines = self._deltas(index, event)
+        if event.timings is not None and lines and not event.finished:
+            # `timings_per_token`: the event's last chunk carries the timings so far.
+            lines[-1] = self._with_timings(lines[-1], event)
+        return lines
+
+    def _with_timings(self, line: str, event: GenerationEvent) -> str:
+        assert event.timings is not None
+        chunk = json.loads(line.removeprefix("data: "))
+        return sse_data({**chunk, "timings": event.timings.to_dict()})
+
+    def _deltas(self, index: int, event: GenerationEvent) -> list[str]:
         lines: list[str] = []
         logprobs = (
             {"content": chat_logprobs(self.tokenizer, list(event.logprobs))}
             if self.want_logprobs and event.logprobs
             else None
         )
-        pieces = delta_objects(self._out.feed(event.text)) if event.text else []
+        pieces = delta_objects(self._outs[index].feed(event.text)) if event.text else []
         if logprobs is not None:
             # One SSE position per generated token: a placeholder when all is held.
             first, *pieces = pieces or [{"content": ""}]
-            lines.append(self._chunk(first, logprobs=logprobs))
+            lines.append(self._chunk(first, logprobs=logprobs, index=index))
         for piece in pieces:
             text = piece.get("content") if len(piece) == 1 else None
-            lines.append(self._content_chunk(text) if type(text) is str else self._chunk(piece))
+            if type(text) is str and index == 0:
+                lines.append(self._content_chunk(text))
+            else:
+                lines.append(self._chunk(piece, index=index))
         return lines
 
-    def _close_output(self, engine_reason: str, extra: dict[str, Any]) -> list[str]:
-        lines = [self._chunk(piece) for piece in delta_objects(self._out.finish())]
-        assert self._out.result is not None
-        self.chat.check_forced(self._out.result)
-        last: dict[str, Any] = {"reasoning_only": True} if self._out.reasoning_only else {}
-        reason = finish_reason(self._out.result, engine_reason)
-        lines.append(self._chunk(last, reason, extra=extra))
+    def _close_output(self, index: int, engine_reason: str, extra: dict[str, Any]) -> list[str]:
+        out = self._outs[index]
+        lines = [self._chunk(piece, index=index) for piece in delta_objects(out.finish())]
+        assert out.result is not None
+        self.chat.check_forced(out.result)
+        last: dict[str, Any] = {"reasoning_only": True} if out.reasoning_only else {}
+        reason = finish_reason(out.result, engine_reason)
+        lines.append(self._chunk(last, reason, extra=extra, index=index))
         return lines
 
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
-        lines = self._close_output(final.finish_reason or "stop", speculative_timings(final))
-        if self.include_usage:
-            lines.append(usage_chunk(self.meta, CHUNK, final))
-        return lines
+        self._finals.append(final)
+        return self._close_output(index, final.finish_reason or "stop", speculative_timings(final))
 
     def closing(self) -> Iterable[str]:
+        if self.include_usage and self._finals:
+            return [usage_chunk(self.meta, CHUNK, self._finals), SSE_DONE]
         return [SSE_DONE]
 
     def failed(self, index: int, final: GenerationEvent, error: APIError) -> Iterable[str]:
-        return [*self._close_output("error", {}), sse_error_data(error), SSE_DONE]
+        return [*self._close_output(index, "error", {}), sse_error_data(error), SSE_DONE]
 
     # ------------------------------------------------------------------ collected
 
-    def body(self, results: list[list[GenerationEvent]]) -> dict[str, Any]:
-        events = results[0]
-        final = events[-1]
-        plan = self.chat.plan
+    def _choice(self, index: int, events: list[GenerationEvent]) -> dict[str, Any]:
         result = self.chat.parse(events)
         logprobs: list[TokenLogprob] = [lp for e in events for lp in e.logprobs]
         return {
+            "index": index,
+            "message": self.chat.plan.message(result),
+            "finish_reason": finish_reason(result, events[-1].finish_reason or "stop"),
+            "logprobs": {"content": chat_logprobs(self.tokenizer, logprobs)}
+            if self.want_logprobs
+            else None,
+        }
+
+    def body(self, results: list[list[GenerationEvent]]) -> dict[str, Any]:
+        finals = [events[-1] for events in results]
+        return {
             **envelope(self.meta, "chat.completion"),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": plan.message(result),
-                    "finish_reason": finish_reason(result, final.finish_reason or "stop"),
-                    "logprobs": {"content": chat_logprobs(self.tokenizer, logprobs)}
-                    if self.want_logprobs
-                    else None,
-                }
-            ],
-            "usage": usage_payload(final.prompt_tokens, final.completion_tokens),
-            **speculative_timings(final),
+            "choices": [self._choice(i, events) for i, events in enumerate(results)],
+            "usage": usage_of(finals),
+            **speculative_timings(finals[0]),
         }

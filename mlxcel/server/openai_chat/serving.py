@@ -1,4 +1,5 @@
-"""Chat completions: a request body becomes one engine job; its events become the answer."""
+"""Chat completions: a request body becomes one engine job per choice (`n`); their events
+become the answer."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ from mlxcel.server.openai_chat.encoder import ChatEncoder
 from mlxcel.server.openai_chat.output_plan import REASONING_FORMATS, OutputPlan, plan_output
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
 from mlxcel.server.openai_common import new_id, now, reported_model
-from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
+from mlxcel.server.sampling_fields import (
+    MAX_CHOICES,
+    PRIORITY_HEADER,
+    parse_priority,
+    per_choice,
+    to_generation_request,
+)
 from mlxcel.server.structured import compile_response_format, compile_tool_choice
 
 if TYPE_CHECKING:
@@ -249,7 +256,9 @@ def template_kwargs(state: ServerState, body: ChatCompletionRequest) -> dict[str
     The request's come from the first form present: `chat_template_kwargs`, then
     `extra_body.chat_template_kwargs`, then `extra_body.preserve_thinking`. Keys the server
     renders itself (`messages`, `tools`, special tokens...) are refused with 400. A thinking
-    budget of 0 renders with `enable_thinking: false` unless that key is given.
+    budget of 0 renders with `enable_thinking: false` unless that key is given; under
+    `--reasoning auto` a template with an `enable_thinking` switch renders with `true`
+    unless that key is given (llama-server's auto: thinking on where the template can).
     """
     nested = body.extra_body or {}
     requested: dict[str, Any] = {}
@@ -269,7 +278,16 @@ def template_kwargs(state: ServerState, body: ChatCompletionRequest) -> dict[str
     merged = {**dict(state.settings.chat_template_kwargs or {}), **requested}
     if thinking_budget(state, body) == 0:
         merged.setdefault("enable_thinking", False)
+    if state.settings.reasoning == "auto" and template_has_thinking_switch(state):
+        merged.setdefault("enable_thinking", True)
     return merged
+
+
+def template_has_thinking_switch(state: ServerState) -> bool:
+    """Whether the loaded chat template reads `enable_thinking` (llama-server's `--reasoning
+    auto` then renders it with thinking on; a template without the switch is unchanged)."""
+    template = state.tokenizer.chat_template if state.tokenizer is not None else None
+    return isinstance(template, str) and "enable_thinking" in template
 
 
 class ChatServing:
@@ -278,8 +296,17 @@ class ChatServing:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def start(self, body: ChatCompletionRequest, raw: Request) -> ChatJob:
-        """Validate, render and admit `body`: the engine job and how to read its output.
+    async def start(
+        self,
+        body: ChatCompletionRequest,
+        raw: Request,
+        *,
+        max_choices: int = 1,
+        stream_reports: bool = False,
+    ) -> ChatJob:
+        """Validate, render and admit `body`: the engine job (one sequence per choice, `n`
+        up to `max_choices`) and how to read its output; `stream_reports`: the encoder
+        sends llama-server's `timings_per_token` and `return_progress` chunks.
 
         Every 400 and 503 is raised here, before a response (or SSE header) is sent. The
         Responses and Anthropic Messages routes translate their bodies into a chat request
@@ -318,6 +345,7 @@ class ChatServing:
             max_tokens=body.token_limit(),
             priority=priority,
             logprobs=body.logprobs_count(),
+            max_choices=max_choices,
         )
         request.grammar = grammar
         if state.media is not None:  # a vision engine: the prompt text and its decoded media
@@ -332,12 +360,15 @@ class ChatServing:
             )
         # Tool-call and reasoning markers are often special tokens: the parser must see them.
         request.skip_special = not plan.active
-        job = Job.admit(state, [request])  # 400/503 here, before any SSE header
+        if stream_reports:
+            body.stream_reports(request, stream=body.stream)
+        requests = per_choice(request, body.check_n(max_choices))
+        job = Job.admit(state, requests)  # 400/503 here, before any SSE header
         return ChatJob(job=job, plan=plan, prompt_tokens=len(tokens), forced=forced)
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         """Answer one request: JSON, or an SSE stream once admission succeeded."""
-        job = await self.start(body, raw)
+        job = await self.start(body, raw, max_choices=MAX_CHOICES, stream_reports=True)
         meta = {
             "id": new_id("chatcmpl-"),
             "created": now(),

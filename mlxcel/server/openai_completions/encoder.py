@@ -19,7 +19,7 @@ from mlxcel.server.openai_common import (
     envelope,
     speculative_timings,
     usage_chunk,
-    usage_payload,
+    usage_of,
 )
 from mlxcel.server.sse import SSE_DONE, sse_template
 
@@ -49,8 +49,8 @@ def completion_logprobs(
 
 
 class CompletionEncoder(Encoder):
-    """One text completion (a single choice), as JSON or as chunks; `echo` is the prompt
-    text sent ahead of the output (empty: no echo)."""
+    """One text completion of `choices` choices, as JSON or as chunks; `echo` is the prompt
+    text sent ahead of each choice's output (empty: no echo)."""
 
     def __init__(
         self,
@@ -60,13 +60,16 @@ class CompletionEncoder(Encoder):
         want_logprobs: bool,
         echo: str = "",
         include_usage: bool = False,
+        choices: int = 1,
     ) -> None:
         self.tokenizer = tokenizer
         self.meta = meta
         self.want_logprobs = want_logprobs
         self.echo = echo
         self.include_usage = include_usage
-        self._offset = len(echo)
+        self.choices = choices
+        self._offsets = [len(echo)] * choices
+        self._finals: list[GenerationEvent] = []
         self._text_chunk = sse_template(lambda text: self._chunk(text))
 
     def _chunk(
@@ -75,58 +78,63 @@ class CompletionEncoder(Encoder):
         reason: str | None = None,
         logprobs: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        index: int = 0,
     ) -> str:
         choice = {"text": text, "finish_reason": reason, "logprobs": logprobs}
-        return choice_chunk(self.meta, "text_completion", choice, extra)
+        return choice_chunk(self.meta, "text_completion", choice, extra, index)
 
     # ------------------------------------------------------------------ streaming
 
     def opening(self) -> Iterable[str]:
-        return [self._chunk(self.echo)] if self.echo else []
+        if not self.echo:
+            return []
+        return [self._chunk(self.echo, index=i) for i in range(self.choices)]
 
     def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
         logprobs = None
         if self.want_logprobs and event.logprobs:
-            logprobs = completion_logprobs(self.tokenizer, list(event.logprobs), self._offset)
+            logprobs = completion_logprobs(
+                self.tokenizer, list(event.logprobs), self._offsets[index]
+            )
         if not event.text and logprobs is None:
             return ()
-        self._offset += len(event.text)
-        if logprobs is None:
+        self._offsets[index] += len(event.text)
+        if logprobs is None and index == 0:
             return [self._text_chunk(event.text)]
-        return [self._chunk(event.text, logprobs=logprobs)]
+        return [self._chunk(event.text, logprobs=logprobs, index=index)]
 
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
+        self._finals.append(final)
         reason = final.finish_reason or "stop"
-        lines = [self._chunk("", reason, extra=speculative_timings(final))]
-        if self.include_usage:
-            lines.append(usage_chunk(self.meta, "text_completion", final))
-        return lines
+        return [self._chunk("", reason, extra=speculative_timings(final), index=index)]
 
     def closing(self) -> Iterable[str]:
+        if self.include_usage and self._finals:
+            return [usage_chunk(self.meta, "text_completion", self._finals), SSE_DONE]
         return [SSE_DONE]
 
     def failed(self, index: int, final: GenerationEvent, error: APIError) -> Iterable[str]:
-        return [self._chunk("", "error"), sse_error_data(error), SSE_DONE]
+        return [self._chunk("", "error", index=index), sse_error_data(error), SSE_DONE]
 
     # ------------------------------------------------------------------ collected
 
-    def body(self, results: list[list[GenerationEvent]]) -> dict[str, Any]:
-        events = results[0]
-        final = events[-1]
+    def _choice(self, index: int, events: list[GenerationEvent]) -> dict[str, Any]:
         logprobs = None
         if self.want_logprobs:
             items = [lp for e in events for lp in e.logprobs]
             logprobs = completion_logprobs(self.tokenizer, items, len(self.echo))
         return {
+            "index": index,
+            "text": self.echo + "".join(e.text for e in events),
+            "finish_reason": events[-1].finish_reason or "stop",
+            "logprobs": logprobs,
+        }
+
+    def body(self, results: list[list[GenerationEvent]]) -> dict[str, Any]:
+        finals = [events[-1] for events in results]
+        return {
             **envelope(self.meta, "text_completion"),
-            "choices": [
-                {
-                    "index": 0,
-                    "text": self.echo + "".join(e.text for e in events),
-                    "finish_reason": final.finish_reason or "stop",
-                    "logprobs": logprobs,
-                }
-            ],
-            "usage": usage_payload(final.prompt_tokens, final.completion_tokens),
-            **speculative_timings(final),
+            "choices": [self._choice(i, events) for i, events in enumerate(results)],
+            "usage": usage_of(finals),
+            **speculative_timings(finals[0]),
         }

@@ -1,4 +1,5 @@
-"""Text completions: one prompt becomes one engine job; its events become the answer."""
+"""Text completions: one prompt becomes one engine job per choice (`n`); their events
+become the answer."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from mlxcel.server.generation import Job
 from mlxcel.server.openai_common import new_id, now, reported_model
 from mlxcel.server.openai_completions.encoder import CompletionEncoder
 from mlxcel.server.openai_completions.protocol import CompletionRequest
-from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
+from mlxcel.server.sampling_fields import (
+    MAX_CHOICES,
+    PRIORITY_HEADER,
+    parse_priority,
+    per_choice,
+    to_generation_request,
+)
 from mlxcel.server.structured import compile_response_format
 
 if TYPE_CHECKING:
@@ -46,8 +53,10 @@ class CompletionServing:
         """Answer one request: JSON, or an SSE stream once admission succeeded."""
         state = self.state
         assert state.client is not None and state.tokenizer is not None
-        if body.best_of is not None and body.best_of != 1:
-            raise bad_request(f"best_of: only best_of=1 is supported, not {body.best_of}")
+        if body.best_of is not None and body.best_of not in (1, body.n or 1):
+            raise bad_request(
+                f"best_of: only best_of=1 or best_of=n is supported, not {body.best_of}"
+            )
         if body.suffix:
             raise bad_request("suffix is not supported; use POST /infill for fill-in-the-middle")
         grammar = await compile_response_format(state, body.with_json_schema(body.response_format))
@@ -63,9 +72,11 @@ class CompletionServing:
             max_tokens=body.max_tokens,
             priority=priority,
             logprobs=body.logprobs,
+            max_choices=MAX_CHOICES,
         )
         request.grammar = grammar
-        job = Job.admit(state, [request])  # 400/503 here, before any SSE header
+        choices = body.check_n(MAX_CHOICES)
+        job = Job.admit(state, per_choice(request, choices))  # 400/503 before any SSE header
         meta = {
             "id": new_id("cmpl-"),
             "created": now(),
@@ -82,5 +93,6 @@ class CompletionServing:
             include_usage=bool(
                 body.stream and body.stream_options and body.stream_options.include_usage
             ),
+            choices=choices,
         )
         return await job.respond(raw, encoder, stream=body.stream)
