@@ -6,6 +6,7 @@ and `n_ctx`, `--reasoning auto`, embeddings inputs, `timings_per_token` and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import httpx
 import pytest
 from fixtures.tiny_encoders import build_tiny_bert
 from server_harness import API_KEY, AUTH, ServeProcess
-from test_server_tools import QWEN_STYLE_TEMPLATE
+from test_server_tools import QWEN_STYLE_TEMPLATE, make_app
 
 HI = [{"role": "user", "content": "Hi"}]
 CTX_PER_SLOT = 512  # -c 1024 over 2 slots
@@ -71,7 +72,11 @@ def _stream(url: str, path: str, body: dict[str, Any]) -> list[Any]:
 
 
 def test_chat_n_choices_count_the_prompt_once(server: str) -> None:
-    body = {"messages": HI, "max_tokens": 4, "n": 3, "seed": 7, "ignore_eos": True}
+    # No prompt cache: the answers compared below then run the very same computation.
+    body = {
+        "messages": HI, "max_tokens": 4, "n": 3, "seed": 7, "ignore_eos": True,
+        "cache_prompt": False,
+    }  # fmt: skip
     answer = _post(server, "/v1/chat/completions", body).json()
     assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
     for choice in answer["choices"]:
@@ -86,6 +91,12 @@ def test_chat_n_choices_count_the_prompt_once(server: str) -> None:
     assert answer["choices"][0]["message"] == single["choices"][0]["message"]
     texts = {c["message"]["content"] for c in answer["choices"]}
     assert len(texts) > 1  # seeds seed, seed+1, seed+2 at temperature 0.8 differ
+    with_logprobs = _post(
+        server, "/v1/chat/completions", {**body, "n": 2, "logprobs": True, "top_logprobs": 2}
+    ).json()
+    for choice in with_logprobs["choices"]:  # each choice reports its own tokens
+        content = choice["logprobs"]["content"]
+        assert len(content) == 4 and all(len(e["top_logprobs"]) == 2 for e in content)
 
 
 def test_chat_n_choices_stream_with_their_index(server: str) -> None:
@@ -96,6 +107,7 @@ def test_chat_n_choices_stream_with_their_index(server: str) -> None:
         "seed": 3,
         "ignore_eos": True,
         "stream_options": {"include_usage": True},
+        "cache_prompt": False,
     }
     chunks = _stream(server, "/v1/chat/completions", body)
     assert chunks[-1] == "[DONE]"
@@ -117,7 +129,10 @@ def test_chat_n_choices_stream_with_their_index(server: str) -> None:
 
 
 def test_completions_n_choices(server: str) -> None:
-    body = {"prompt": "Once upon", "max_tokens": 3, "n": 2, "seed": 11, "ignore_eos": True}
+    body = {
+        "prompt": "Once upon", "max_tokens": 3, "n": 2, "seed": 11, "ignore_eos": True,
+        "cache_prompt": False,
+    }  # fmt: skip
     answer = _post(server, "/v1/completions", body).json()
     assert [c["index"] for c in answer["choices"]] == [0, 1]
     assert answer["usage"]["completion_tokens"] == 6
@@ -298,10 +313,74 @@ def test_chat_stream_timings_and_progress(server: str) -> None:
         "ignore_eos": True,
         "timings_per_token": True,
         "return_progress": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,  # a chunk for every token, even one whose text is held back
     }
     chunks = _stream(server, "/v1/chat/completions", body)[:-1]
     reports = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
     assert len(reports) >= 2 and reports[-1]["processed"] == reports[-1]["total"]
-    timed = [c for c in chunks if "timings" in c and c["choices"][0]["finish_reason"] is None]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    for chunk in chunks[1 : 1 + len(reports)]:  # then the reports, as llama-server's role deltas
+        assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    timed = [c for c in chunks[:-1] if "timings" in c and c["choices"][0]["finish_reason"] is None]
     assert timed and all(set(c["timings"]) >= TIMING_FIELDS for c in timed)
-    assert timed[-1]["timings"]["predicted_n"] <= 3
+    assert [c["timings"]["predicted_n"] for c in timed] == [1, 2, 3]
+    assert chunks[-1]["choices"] == [] and set(chunks[-1]["timings"]) >= TIMING_FIELDS
+
+
+def test_completions_stream_timings_and_progress(server: str) -> None:
+    body = {
+        "prompt": "A completion prompt for timings and progress " * 4,
+        "max_tokens": 3,
+        "ignore_eos": True,
+        "logprobs": 0,  # a chunk for every token, even one whose text is held back
+        "timings_per_token": True,
+        "return_progress": True,
+    }
+    chunks = _stream(server, "/v1/completions", body)[:-1]
+    reports = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    assert len(reports) >= 2 and reports[-1]["processed"] == reports[-1]["total"]
+    assert all(c["choices"][0]["text"] == "" for c in chunks[: len(reports)])
+    timed = [c for c in chunks if "timings" in c and c["choices"][0]["finish_reason"] is None]
+    assert [c["timings"]["predicted_n"] for c in timed] == [1, 2, 3]
+    plain = _stream(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})[:-1]
+    assert all("timings" not in c and "prompt_progress" not in c for c in plain)
+
+
+def test_responses_stream_timings_and_progress(server: str) -> None:
+    body = {
+        "input": "This is a test of the responses route " * 4,
+        "max_output_tokens": 8,
+        "timings_per_token": True,
+        "return_progress": True,
+        "ignore_eos": True,
+    }
+    events = _stream(server, "/v1/responses", body)
+    progress = [e for e in events if "prompt_progress" in e]
+    assert len(progress) >= 2 and all(e["type"] == "response.in_progress" for e in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    timed = [e for e in events if e["type"].endswith(".delta") and "timings" in e]
+    assert timed and all(set(e["timings"]) >= TIMING_FIELDS for e in timed)
+    (completed,) = [e for e in events if e["type"] in ("response.completed", "response.incomplete")]
+    assert set(completed["timings"]) >= TIMING_FIELDS
+    plain = _stream(server, "/v1/responses", {**body, "timings_per_token": False})
+    assert all("timings" not in e for e in plain)
+
+
+def test_native_progress_from_an_engine_without_prefill_reports(hf_tokenizer: Any) -> None:
+    """An engine that sends no progress events (the vision engine): /completion still sends
+    one report, the prompt processed, before the first token."""
+    app, _ = make_app(hf_tokenizer, ["a", "b"])
+    body = {"prompt": "Hello there", "stream": True, "return_progress": True}
+
+    async def go() -> str:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            return (await http.post("/completion", json=body)).text
+
+    lines = [ln.removeprefix("data: ") for ln in asyncio.run(go()).splitlines() if ln]
+    chunks = [json.loads(line) for line in lines]
+    assert "prompt_progress" in chunks[0] and "prompt_progress" not in chunks[1]
+    progress = chunks[0]["prompt_progress"]
+    assert progress["processed"] == progress["total"] == chunks[1]["tokens_evaluated"] > 0
+    assert [c["content"] for c in chunks[1:3]] == ["a", "b"]

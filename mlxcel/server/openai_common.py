@@ -91,9 +91,15 @@ def choice_chunk(
     )
 
 
-def usage_chunk(meta: dict[str, Any], object: str, finals: list[GenerationEvent]) -> str:
-    """The `stream_options.include_usage` chunk: no choices, the request's `usage`."""
-    return sse_data({**envelope(meta, object), "choices": [], "usage": usage_of(finals)})
+def usage_chunk(
+    meta: dict[str, Any], object: str, finals: list[GenerationEvent], *, timings: bool = False
+) -> str:
+    """The `stream_options.include_usage` chunk: no choices, the request's `usage` (and with
+    `timings`, llama-server's `timings` of the first choice, as its last chunk has)."""
+    chunk = {**envelope(meta, object), "choices": [], "usage": usage_of(finals)}
+    if timings and finals[0].timings is not None:
+        chunk["timings"] = finals[0].timings.to_dict()
+    return sse_data(chunk)
 
 
 def usage_of(finals: list[GenerationEvent]) -> dict[str, Any]:

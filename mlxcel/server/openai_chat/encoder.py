@@ -204,7 +204,8 @@ class ChatEncoder(Encoder):
 
     def closing(self) -> Iterable[str]:
         if self.include_usage and self._finals:
-            return [usage_chunk(self.meta, CHUNK, self._finals), SSE_DONE]
+            timings = self.chat.job.request.timings_per_token
+            return [usage_chunk(self.meta, CHUNK, self._finals, timings=timings), SSE_DONE]
         return [SSE_DONE]
 
     def failed(self, index: int, final: GenerationEvent, error: APIError) -> Iterable[str]:

@@ -305,8 +305,9 @@ class ChatServing:
         stream_reports: bool = False,
     ) -> ChatJob:
         """Validate, render and admit `body`: the engine job (one sequence per choice, `n`
-        up to `max_choices`) and how to read its output; `stream_reports`: the encoder
-        sends llama-server's `timings_per_token` and `return_progress` chunks.
+        up to `max_choices`) and how to read its output; `stream_reports`: the answer
+        streams and its encoder sends llama-server's `timings_per_token` and
+        `return_progress` chunks when the body asks for them.
 
         Every 400 and 503 is raised here, before a response (or SSE header) is sent. The
         Responses and Anthropic Messages routes translate their bodies into a chat request
@@ -360,15 +361,14 @@ class ChatServing:
             )
         # Tool-call and reasoning markers are often special tokens: the parser must see them.
         request.skip_special = not plan.active
-        if stream_reports:
-            body.stream_reports(request, stream=body.stream)
+        body.stream_reports(request, stream=stream_reports)
         requests = per_choice(request, body.check_n(max_choices))
         job = Job.admit(state, requests)  # 400/503 here, before any SSE header
         return ChatJob(job=job, plan=plan, prompt_tokens=len(tokens), forced=forced)
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         """Answer one request: JSON, or an SSE stream once admission succeeded."""
-        job = await self.start(body, raw, max_choices=MAX_CHOICES, stream_reports=True)
+        job = await self.start(body, raw, max_choices=MAX_CHOICES, stream_reports=body.stream)
         meta = {
             "id": new_id("chatcmpl-"),
             "created": now(),

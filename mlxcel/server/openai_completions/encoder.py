@@ -61,8 +61,10 @@ class CompletionEncoder(Encoder):
         echo: str = "",
         include_usage: bool = False,
         choices: int = 1,
+        timings_per_token: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
+        self.timings_per_token = timings_per_token
         self.meta = meta
         self.want_logprobs = want_logprobs
         self.echo = echo
@@ -91,6 +93,10 @@ class CompletionEncoder(Encoder):
         return [self._chunk(self.echo, index=i) for i in range(self.choices)]
 
     def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
+        if event.progress is not None:  # `return_progress`
+            progress: dict[str, Any] = {"prompt_progress": event.progress.to_dict()}
+            return [self._chunk("", extra=progress, index=index)]
+        timed = event.timings is not None and not event.finished  # `timings_per_token`
         logprobs = None
         if self.want_logprobs and event.logprobs:
             logprobs = completion_logprobs(
@@ -99,9 +105,10 @@ class CompletionEncoder(Encoder):
         if not event.text and logprobs is None:
             return ()
         self._offsets[index] += len(event.text)
-        if logprobs is None and index == 0:
+        if logprobs is None and index == 0 and not timed:
             return [self._text_chunk(event.text)]
-        return [self._chunk(event.text, logprobs=logprobs, index=index)]
+        extra = {"timings": event.timings.to_dict()} if timed and event.timings else None
+        return [self._chunk(event.text, logprobs=logprobs, extra=extra, index=index)]
 
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
         self._finals.append(final)
@@ -110,7 +117,10 @@ class CompletionEncoder(Encoder):
 
     def closing(self) -> Iterable[str]:
         if self.include_usage and self._finals:
-            return [usage_chunk(self.meta, "text_completion", self._finals), SSE_DONE]
+            usage = usage_chunk(
+                self.meta, "text_completion", self._finals, timings=self.timings_per_token
+            )
+            return [usage, SSE_DONE]
         return [SSE_DONE]
 
     def failed(self, index: int, final: GenerationEvent, error: APIError) -> Iterable[str]:

@@ -75,6 +75,7 @@ class CompletionServing:
             max_choices=MAX_CHOICES,
         )
         request.grammar = grammar
+        body.stream_reports(request, stream=body.stream)
         choices = body.check_n(MAX_CHOICES)
         job = Job.admit(state, per_choice(request, choices))  # 400/503 before any SSE header
         meta = {
@@ -94,5 +95,6 @@ class CompletionServing:
                 body.stream and body.stream_options and body.stream_options.include_usage
             ),
             choices=choices,
+            timings_per_token=request.timings_per_token,
         )
         return await job.respond(raw, encoder, stream=body.stream)

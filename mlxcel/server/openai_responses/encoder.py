@@ -245,12 +245,32 @@ class ResponseEncoder(Encoder):
         return lines
 
     def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
-        return [self.writer.sse(item_event) for item_event in self._feed(event.text)]
+        writer = self.writer
+        if event.progress is not None:  # `return_progress`, as llama-server sends it
+            return [
+                writer.sse(
+                    {
+                        "type": "response.in_progress",
+                        "response": self.response("in_progress"),
+                        "prompt_progress": event.progress.to_dict(),
+                    }
+                )
+            ]
+        events = self._feed(event.text)
+        if event.timings is not None and not event.finished:  # `timings_per_token`
+            timings = event.timings.to_dict()
+            events = [
+                {**e, "timings": timings} if e["type"].endswith(".delta") else e for e in events
+            ]
+        return [writer.sse(item_event) for item_event in events]
 
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
         events, kind = self._finish(final)
         lines = [self.writer.sse(item_event) for item_event in events]
-        return [*lines, self.writer.lifecycle(kind, self.final_response)]
+        last: dict[str, Any] = {"type": f"response.{kind}", "response": self.final_response}
+        if self.job.job.request.timings_per_token and final.timings is not None:
+            last["timings"] = final.timings.to_dict()
+        return [*lines, self.writer.sse(last)]
 
     def failed(self, index: int, final: GenerationEvent, error: APIError) -> Iterable[str]:
         return self.finished(index, final)  # `response.failed`, the error in the response

@@ -395,7 +395,7 @@ class ResponsesServing:
         compaction = None
         if threshold is not None:
             compaction = await self._manage_context(prepared, threshold, raw)
-        job = await self.chat.start(prepared.chat, raw)
+        job = await self.chat.start(prepared.chat, raw, stream_reports=body.stream)
         encoder = ResponseEncoder(self, prepared, job, compaction)
         return await job.job.respond(raw, encoder, stream=body.stream)
 
