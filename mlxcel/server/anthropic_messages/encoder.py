@@ -216,7 +216,7 @@ class MessagesEncoder(Encoder):
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                    "usage": usage(final.prompt_tokens, final.completion_tokens),
+                    "usage": usage(final.prompt_tokens, final.completion_tokens, _cached(final)),
                 },
             )
         )
@@ -246,4 +246,10 @@ class MessagesEncoder(Encoder):
             stop_sequence=sequence,
             input_tokens=final.prompt_tokens,
             output_tokens=final.completion_tokens,
+            cached_tokens=_cached(final),
         )
+
+
+def _cached(final: GenerationEvent) -> int:
+    """Prompt tokens the engine took from its prompt cache for this answer."""
+    return final.timings.cache_n if final.timings is not None else 0

@@ -48,9 +48,18 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
 
 
-def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    """The `usage` object of a message (also of a streamed `message_delta`)."""
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+def usage(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
+    """The `usage` object of a message (also of a streamed `message_delta`).
+
+    `input_tokens` is the whole prompt (what `/v1/messages/count_tokens` counts);
+    `cache_read_input_tokens` is the part of it the engine took from its prompt cache, as
+    llama-server reports it.
+    """
+    return {
+        "input_tokens": input_tokens,
+        "cache_read_input_tokens": min(max(cached_tokens, 0), input_tokens),
+        "output_tokens": output_tokens,
+    }
 
 
 def message_object(
@@ -62,6 +71,7 @@ def message_object(
     stop_sequence: str | None,
     input_tokens: int,
     output_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
     """A `message` object: the whole answer, or (empty, no stop) the stream's first event."""
     return {
@@ -72,7 +82,7 @@ def message_object(
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": usage(input_tokens, output_tokens),
+        "usage": usage(input_tokens, output_tokens, cached_tokens),
     }
 
 

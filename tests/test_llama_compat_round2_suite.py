@@ -1,0 +1,55 @@
+"""Contract gaps found by running llama.cpp's server test suite against `mlxcel serve` next to a
+real llama-server on the same models (docs/llama-compat.md), each through a real server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_harness import API_KEY, AUTH, ServeProcess
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir: Path) -> Iterator[str]:
+    args = ["-m", str(tiny_llama_dir), "-c", "1024", "-np", "1", "--api-key", API_KEY]
+    with ServeProcess(args).start() as proc:
+        yield proc.url
+
+
+def _messages(url: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{url}/v1/messages", json=body, headers=AUTH, timeout=120)
+
+
+def test_anthropic_usage_reports_cache_reads(server: str) -> None:
+    """`usage.cache_read_input_tokens` is always there and counts the cached prefix;
+    `input_tokens` stays the whole prompt (what count_tokens answers)."""
+    text = "Tell me a long story about a cat and a dog in a garden " * 4
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
+    first = _messages(server, body)
+    assert first.status_code == 200, first.text
+    cold = first.json()["usage"]
+    assert cold["cache_read_input_tokens"] == 0
+    assert cold["input_tokens"] > 0 and cold["output_tokens"] > 0
+    warm = _messages(server, body).json()["usage"]
+    assert warm["cache_read_input_tokens"] > 0
+    assert 0 < warm["cache_read_input_tokens"] < warm["input_tokens"] == cold["input_tokens"]
+
+    deltas = []
+    with httpx.stream(
+        "POST", f"{server}/v1/messages", json={**body, "stream": True}, headers=AUTH, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line.removeprefix("data: "))
+                if event["type"] == "message_delta":
+                    deltas.append(event["usage"])
+    assert len(deltas) == 1
+    streamed = deltas[0]
+    assert 0 < streamed["cache_read_input_tokens"] < streamed["input_tokens"]
+    assert streamed["input_tokens"] == cold["input_tokens"]
