@@ -125,3 +125,21 @@ def test_an_invalid_budget_refuses_to_start(tiny_llama_dir: Path) -> None:
         assert "listening" not in result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "MLXCEL_REQUEST_MEMORY_BUDGET" in lines[0], lines
+
+
+def test_a_vision_model_is_admitted_by_its_language_model(tmp_path: Path) -> None:
+    """The vision engine (mlx-vlm) refuses a request over the budget too, before any work;
+    its estimate comes from the language model's shapes, so it grows with the context."""
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm is part of mlxcel's vision extra")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from fixtures.tiny_vlm import build_tiny_qwen2_vl
+
+    model = build_tiny_qwen2_vl(tmp_path / "qwen2vl")
+    env = {"HF_HUB_OFFLINE": "1", "MLX_DISABLE_COMPILE": "1", "TQDM_DISABLE": "1"}
+    env["MLXCEL_REQUEST_MEMORY_BUDGET"] = BUDGET
+    server = ServeProcess(["-m", str(model), "-c", "2048", "--no-warmup"], env=env)
+    with server, server.client() as client:
+        _assert_refused(client.post("/v1/chat/completions", json=_chat(1000, False)))
+        ok = client.post("/v1/chat/completions", json=_chat(4, False))
+        assert ok.status_code == 200, ok.text
+        assert client.get("/health").status_code == 200

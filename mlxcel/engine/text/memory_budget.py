@@ -190,14 +190,22 @@ _lock = threading.Lock()
 
 
 def admission_for(engine: Any) -> MemoryAdmission:
-    """The admission control of a text engine (built at its first request, then kept)."""
+    """The admission control of an engine (built at its first request, then kept).
+
+    A vision-language model (mlx-vlm) is estimated from its language model, whose KV cache
+    and activations grow with the context; its vision tower's memory is not counted."""
     with _lock:
         admission = _admissions.get(engine)
         if admission is None:
-            admission = _admissions[engine] = MemoryAdmission(engine.loaded.model)
+            model = engine.loaded.model
+            model = getattr(model, "language_model", None) or model
+            admission = _admissions[engine] = MemoryAdmission(model)
         return admission
 
 
 def admit(engine: Any, n_prompt: int, max_new: int) -> None:
-    """Refuse (RequestMemoryBudgetError) a request of `engine` that would not fit in memory."""
-    admission_for(engine).check(n_prompt, max_new, engine.prefill_chunk)
+    """Refuse (RequestMemoryBudgetError) a request of `engine` that would not fit in memory.
+
+    An engine without chunked prefill (`prefill_chunk`) runs the whole prompt at once."""
+    chunk = getattr(engine, "prefill_chunk", None) or max(1, n_prompt)
+    admission_for(engine).check(n_prompt, max_new, chunk)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
+from mlxcel.engine.text.memory_budget import admit as admit_memory
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings, TokenLogprob
 from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, EventSink, SlotState
 from mlxcel.engine.text.submission import iterate_events, token_budget
@@ -167,6 +168,7 @@ class VisionEngine:
         prepared = self.prepare(media)
         request.prompt_tokens = prepared.tokens
         budget = self.check(request)
+        admit_memory(self, len(request.prompt_tokens), budget)  # RequestMemoryBudgetError
         job = _Job(request=request, sink=sink, prepared=prepared, max_tokens=budget)
         with self._cond:
             if self._stopping:
