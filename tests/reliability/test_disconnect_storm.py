@@ -16,7 +16,7 @@ from load import sse_lines
 from server_harness import ServeProcess
 
 CLIENTS = 100
-FREE_WITHIN_S = 5.0  # the bound asserted here; the figure measured is printed
+FREE_WITHIN_S = 1.0  # the bound issue 17 sets; the figure measured is printed
 
 
 @pytest.fixture(scope="module")
