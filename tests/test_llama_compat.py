@@ -86,7 +86,7 @@ def test_native_logit_bias_forms_ban_the_greedy_token(http: httpx.Client) -> Non
     for bias in ([[top, False]], [[top, -100]], {str(top): False}, [[piece, False]]):
         result = complete(http, return_tokens=True, logit_bias=bias)
         assert result["tokens"][0] != top, bias
-        assert [top, False] in result["generation_settings"]["logit_bias"]
+        assert {"bias": None, "token": top} in result["generation_settings"]["logit_bias"]
     boosted = complete(http, return_tokens=True, logit_bias=[[7, 100]])
     assert boosted["tokens"] == [7, 7, 7]
     for bad in ([[top, True]], [[top]], "x", [[1.5, 1]]):

@@ -53,3 +53,29 @@ def test_anthropic_usage_reports_cache_reads(server: str) -> None:
     streamed = deltas[0]
     assert 0 < streamed["cache_read_input_tokens"] < streamed["input_tokens"]
     assert streamed["input_tokens"] == cold["input_tokens"]
+
+
+def test_ignore_eos_lists_the_banned_end_tokens_in_logit_bias(server: str) -> None:
+    """`generation_settings.logit_bias` is llama-server's `[{"bias", "token"}]`; with
+    `ignore_eos` the end-of-generation tokens are there with bias null (-inf), otherwise not."""
+    body: dict[str, Any] = {"prompt": "Once upon a time", "n_predict": 4, "temperature": 0.0}
+    plain = httpx.post(f"{server}/completion", json=body, headers=AUTH, timeout=120)
+    assert plain.status_code == 200, plain.text
+    assert plain.json()["generation_settings"]["logit_bias"] == []
+    ignoring = httpx.post(
+        f"{server}/completion", json={**body, "ignore_eos": True}, headers=AUTH, timeout=120
+    )
+    assert ignoring.status_code == 200, ignoring.text
+    settings = ignoring.json()["generation_settings"]
+    assert settings["ignore_eos"] is True
+    entries = settings["logit_bias"]
+    assert entries and all(entry["bias"] is None for entry in entries)
+    eos_text = httpx.get(f"{server}/props", headers=AUTH).json()["eos_token"]
+    eos = httpx.post(
+        f"{server}/tokenize", json={"content": eos_text, "parse_special": True}, headers=AUTH
+    ).json()["tokens"]
+    assert len(eos) == 1 and eos[0] in {entry["token"] for entry in entries}
+    boosted = httpx.post(
+        f"{server}/completion", json={**body, "logit_bias": [[7, 2.5]]}, headers=AUTH, timeout=120
+    ).json()["generation_settings"]["logit_bias"]
+    assert boosted == [{"bias": 2.5, "token": 7}]

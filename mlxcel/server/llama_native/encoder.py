@@ -185,6 +185,7 @@ class NativeEncoder(Encoder):
                 n_probs=body.n_probs,
                 stop=request.stop,
                 ignore_eos=request.ignore_eos,
+                eog_tokens=tokenizer.eos_token_ids,
             ),
             "prompt": tokenizer.decode(request.prompt_tokens),
             "has_new_line": "\n" in text,

@@ -282,8 +282,16 @@ def generation_settings(
     n_probs: int,
     stop: tuple[str, ...],
     ignore_eos: bool,
+    eog_tokens: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
-    """The `generation_settings` object of a native completion answer."""
+    """The `generation_settings` object of a native completion answer.
+
+    `logit_bias` is llama-server's list of `{"bias", "token"}`, a banned token's bias `null`
+    (-inf; JSON has no infinity); with `ignore_eos` the end-of-generation tokens are listed
+    as banned, as llama-server adds them."""
+    biases = dict(sampling.logit_bias)
+    if ignore_eos:
+        biases.update({token: float("-inf") for token in sorted(eog_tokens)})
     out = sampling_params_view(
         sampling, n_predict=n_predict, stream=stream, n_probs=n_probs, ignore_eos=ignore_eos
     )
@@ -291,10 +299,9 @@ def generation_settings(
         {
             "dry_sequence_breakers": list(settings.dry_sequence_breaker),
             "stop": list(stop),
-            # A banned token (-inf) reads as `false`, llama-server's spelling (JSON has no inf).
             "logit_bias": [
-                [token, bias if bias != float("-inf") else False]
-                for token, bias in sampling.logit_bias
+                {"bias": None if bias == float("-inf") else bias, "token": token}
+                for token, bias in biases.items()
             ],
             "grammar": "",
             "grammar_lazy": False,
