@@ -92,7 +92,7 @@ def test_every_row_has_a_deliberate_status() -> None:
 PINNED = {
     Status.IGNORED: "-tb -C --prio --poll -ngl -fa -ctk -ctv --mlock --mmap --numa -dev -sm -ts"
     " -mg -kvo --repack --no-host -fit -fitt -cb -nocb --swa-full --perf -e --check-tensors -dio"
-    " -lm --threads-http -cmoe -ncmoe --op-offload --webui --ui-config -sps --sleep-idle-seconds"
+    " -lm --threads-http -cmoe -ncmoe --op-offload --webui --ui-config -sps"
     " -hft --offline --draft-max -td -ngld",
     Status.REFUSED: "--lora --lora-scaled --control-vector --control-vector-scaled"
     " --control-vector-layer-range --grammar --grammar-file -j -jf --mirostat --rope-scaling"
@@ -105,7 +105,7 @@ PINNED = {
     " --slots --props --cache-prompt -cram --temp --top-k --top-p --min-p -s --seed --jinja"
     " --chat-template --chat-template-kwargs -a -to --embedding --rerank --pooling --warmup"
     " --max-queue-depth --max-body-size --metrics-port -P --cpu-dtype --grammar-backend"
-    " --no-chat-template",
+    " --no-chat-template --sleep-idle-seconds",
 }
 
 
@@ -191,6 +191,7 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "loop_detection": ("64,4,3", "64,4,3"),
     "metrics_port": ("9100", 9100),
     "max_queue_depth": ("8", 8),
+    "sleep_idle_seconds": ("5", 5),
     "max_body_size": ("1000", 1000),
     "cache_ttl_secs": ("60", 60),
     "embedding_model": ("minilm", "minilm"),

@@ -547,7 +547,7 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
     (_SERVER, "--lora-init-without-apply", "", "disabled",
         ref(_ADAPTERS)),
     (_SERVER, "--sleep-idle-seconds SECONDS", "", "-1; -1 = disabled",
-        ign("the model stays loaded")),
+        sup("sleep_idle_seconds")),
     (_SERVER, "--log-prompts-dir PATH", "", "disabled",
         ign("prompt logging to files is not implemented")),
     (_SERVER,

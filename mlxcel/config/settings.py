@@ -421,6 +421,14 @@ class Settings(BaseModel):
     max_queue_depth: int = _f(
         64, "Waiting requests before 503", env="MLXCEL_MAX_QUEUE_DEPTH", group="server", ge=0
     )
+    sleep_idle_seconds: int = _f(
+        -1,
+        "Seconds without a request after which the model is unloaded until the next one"
+        " (-1 = never)",
+        env="MLXCEL_SLEEP_IDLE_SECONDS",
+        group="server",
+        ge=-1,
+    )
     audio_queue_depth: int = _f(
         8, "Audio requests waiting before 503", env="MLXCEL_AUDIO_QUEUE_DEPTH", group="server", ge=1
     )
@@ -538,6 +546,13 @@ class Settings(BaseModel):
         if kwargs["enable_thinking"] is False and self.reasoning_format != "none":
             self.reasoning_format = "none"
         return self
+
+    @field_validator("sleep_idle_seconds")
+    @classmethod
+    def _sleep_not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("must be -1 (never sleep) or at least 1")
+        return value
 
     @field_validator("parallel")
     @classmethod
