@@ -370,7 +370,7 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
      "-kvu, --kv-unified, -no-kvu, --no-kv-unified",
      "LLAMA_ARG_KV_UNIFIED",
      "enabled if number of slots is auto",
-        ign(_CACHE)),
+        sup("kv_unified")),
     (_SERVER,
      "--cache-idle-slots, --no-cache-idle-slots",
      "LLAMA_ARG_CACHE_IDLE_SLOTS",

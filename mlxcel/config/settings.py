@@ -311,6 +311,13 @@ class Settings(BaseModel):
     parallel: int = _f(
         -1, "Number of slots (-1 = auto)", env="LLAMA_ARG_N_PARALLEL", group="server", ge=-1
     )
+    kv_unified: bool | None = _f(
+        None,
+        "One KV pool of --ctx-size tokens shared by all slots, each slot may use all of it "
+        "(unset: on when --parallel is auto)",
+        env="LLAMA_ARG_KV_UNIFIED",
+        group="server",
+    )
     batch_size: int = _f(2048, "Logical batch size", env="LLAMA_ARG_BATCH", group="server", ge=1)
     ubatch_size: int = _f(512, "Prefill chunk size", env="LLAMA_ARG_UBATCH", group="server", ge=1)
     api_key: list[str] = _f(

@@ -3,7 +3,9 @@
 The port opens first and answers `/health` with "loading model" (503) while the model
 loads on a background thread, as llama-server does; the other routes answer 503 until
 then. Slots: `--parallel` (-1: 4). Context per slot: `--ctx-size` split across the slots
-(llama-server's rule), or the model's own context when `--ctx-size` is 0.
+(llama-server's rule), or the model's own context when `--ctx-size` is 0. With
+`--kv-unified` (the default when `--parallel` is auto, as in llama-server) every slot may
+use the whole context instead, and the engine keeps the slots' tokens within it together.
 """
 
 from __future__ import annotations
@@ -50,11 +52,21 @@ class SlotPlan:
 
     slots: int
     context_per_slot: int
+    kv_pool: int | None = None  # the tokens all slots share (`--kv-unified`); None: no pool
+
+
+def kv_unified(settings: Settings) -> bool:
+    """`--kv-unified` as set, else on exactly when the number of slots is auto."""
+    return settings.parallel < 0 if settings.kv_unified is None else settings.kv_unified
 
 
 def plan_slots(settings: Settings, model_context: int) -> SlotPlan:
-    """Slots from `parallel` (-1 -> 4); `ctx_size` split across them (0 -> model context)."""
+    """Slots from `parallel` (-1 -> 4); `ctx_size` split across them (0 -> model context),
+    or, unified, the whole context for each slot and as the shared pool."""
     slots = DEFAULT_SLOTS if settings.parallel < 0 else max(1, settings.parallel)
+    context = settings.ctx_size if settings.ctx_size > 0 else model_context
+    if kv_unified(settings):
+        return SlotPlan(slots, context, kv_pool=context)
     if settings.ctx_size > 0:
         return SlotPlan(slots, max(1, settings.ctx_size // slots))
     return SlotPlan(slots, model_context)
@@ -295,6 +307,7 @@ def load_into(state: ServerState) -> None:
         loaded,
         slots=plan.slots,
         context_per_slot=plan.context_per_slot,
+        kv_pool=plan.kv_pool,
         prefill_chunk=settings.batch_size,
         max_queue_depth=settings.max_queue_depth,
         prompt_cache=cache,

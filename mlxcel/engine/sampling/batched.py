@@ -20,6 +20,12 @@ result is the same distribution (the bias shifts logits and log-probabilities al
 stage after it is shift-invariant per row); only the log-probabilities mlx-lm reports then
 come before the bias, so the engine folds the bias only for requests that do not ask for
 log-probabilities.
+
+A row may keep what it was drawn from (`RowSampling(..., post_probs=N)`, llama-server's
+`post_sampling_probs`): the drawn token's probability and the N most probable candidates
+left after every stage and the temperature. Each group computes them for its asking rows
+only, in the same graph as the draw; the row keeps them until the engine reports that token
+(`take_post`; mlx-lm reports a token one step after it is drawn, so up to two are held).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -34,15 +41,19 @@ import numpy as np
 from mlxcel.engine.sampling.params import SamplingParams
 from mlxcel.engine.sampling.processors import merge_logit_bias
 from mlxcel.engine.sampling.samplers import (
+    PostSampling,
     _initial_key,
     _Plan,
+    greedy_post_sampling,
     gumbel_choice,
+    host_post_sampling,
     mask_min_p,
     mask_p_less,
     mask_top_p,
     mask_xtc,
     sorted_candidates,
     top_k_candidates,
+    truncated_top,
 )
 
 _NEG_INF = float("-inf")
@@ -56,16 +67,46 @@ class BatchRowsError(RuntimeError):
     """The batch the sampler was called on is not the rows the engine queued for it."""
 
 
+class _PostBatch:
+    """One group's post-sampling distributions of one call (lazy until first read)."""
+
+    __slots__ = ("arrays", "host")
+
+    def __init__(self, *arrays: mx.array) -> None:
+        self.arrays = arrays  # (tokens [G]) greedy, or (tokens, chosen [G], top [G, n], ids)
+        self.host: list[list[Any]] | None = None
+
+    def report(self, j: int, n: int) -> tuple[int, PostSampling]:
+        """Member `j`'s (token, `PostSampling` with up to `n` candidates)."""
+        if self.host is None:
+            self.host = [a.tolist() for a in self.arrays]  # type: ignore[misc]
+        host = self.host
+        token = int(host[0][j])
+        if len(host) == 1:
+            return token, greedy_post_sampling(token, n)
+        return token, host_post_sampling(float(host[1][j]), host[3][j], host[2][j], n)
+
+
 class RowSampling:
     """One request's sampling state inside a `BatchSampler` (its plan and random key)."""
 
-    __slots__ = ("bias", "greedy", "group", "key", "last", "params", "plan")
+    __slots__ = ("bias", "greedy", "group", "key", "last", "params", "plan", "post", "post_n")
 
     def __init__(
-        self, params: SamplingParams, vocab_size: int, *, logit_bias: bool = False
+        self,
+        params: SamplingParams,
+        vocab_size: int,
+        *,
+        logit_bias: bool = False,
+        post_probs: int | None = None,
     ) -> None:
         """`logit_bias`: apply `params.logit_bias` here (ValueError for an id outside the
-        vocabulary); False: it is left to a logits processor."""
+        vocabulary); False: it is left to a logits processor. `post_probs`: keep, for every
+        draw, the drawn token's probability and the `post_probs` most probable candidates
+        of the distribution it was drawn from (`take_post`); None: not kept."""
+        self.post_n = post_probs
+        # At most two draws are outstanding: the one being reported and the one ahead of it.
+        self.post: deque[tuple[_PostBatch, int]] = deque(maxlen=4)
         self.params = params
         self.bias = merge_logit_bias(params.logit_bias, vocab_size) if logit_bias else {}
         self.greedy = params.temperature <= 0
@@ -81,6 +122,18 @@ class RowSampling:
             self.group = ("sorted", 0)
         else:
             self.group = ("vocab", 0)
+
+    def take_post(self, token: int) -> PostSampling | None:
+        """The post-sampling distribution of the oldest draw not taken yet, when that draw
+        is `token` (else None, and every kept draw is dropped: they no longer line up)."""
+        if not self.post or self.post_n is None:
+            return None
+        batch, j = self.post.popleft()
+        drawn, report = batch.report(j, self.post_n)
+        if drawn != token:
+            self.post.clear()
+            return None
+        return report
 
 
 @dataclass
@@ -101,6 +154,9 @@ class _Group:
     xtc_threshold: mx.array | None = None
     xtc_always: bool = False
     p_less: mx.array | None = None
+    post: list[RowSampling] | None = None  # members keeping post-sampling distributions
+    post_index: mx.array | None = None  # their positions in the group; None: all of it
+    post_n: int = 0
 
 
 def _column(values: Sequence[float | bool]) -> mx.array:
@@ -122,6 +178,12 @@ def _build_group(
     group = _Group(kind, k, rows, members, index)
     if any(m.bias for m in members):
         group.bias = _dense_bias(members, vocab)
+    post = [j for j, m in enumerate(members) if m.post_n is not None]
+    if post:
+        group.post = [members[j] for j in post]
+        group.post_n = max(members[j].post_n or 0 for j in post)
+        if len(post) < len(members):
+            group.post_index = mx.array(post, dtype=mx.int32)
     if kind == "greedy":
         return group
     plans = [m.plan for m in members]
@@ -156,7 +218,10 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
     if group.bias is not None:
         rows = rows + group.bias.astype(rows.dtype)
     if group.kind == "greedy":
-        return mx.argmax(rows, axis=-1)
+        tokens = mx.argmax(rows, axis=-1)
+        if group.post is not None:
+            _keep_post(group, _PostBatch(_post_rows(group, tokens)))
+        return tokens
     keys = mx.stack([m.key for m in group.members])  # type: ignore[misc]
     split = _split3(keys)
     for i, member in enumerate(group.members):
@@ -180,9 +245,25 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
     if group.p_less is not None:
         vals = mx.where(group.p_less, mask_p_less(vals), vals)
     choice = _choice(vals, split[:, 2])
-    if idx is None:
-        return choice
-    return mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+    tokens = choice if idx is None else mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+    if group.post is not None:
+        # Only the rows that asked, in one graph: the draw's distribution, summarized.
+        ordered = idx is not None and group.xtc_probability is None
+        sub = [_post_rows(group, a) for a in (vals, choice, tokens)]
+        sub_idx = None if idx is None else _post_rows(group, idx)
+        chosen, top, ids = truncated_top(sub[0], sub_idx, sub[1], group.post_n, ordered=ordered)
+        _keep_post(group, _PostBatch(sub[2], chosen, top, ids))
+    return tokens
+
+
+def _post_rows(group: _Group, a: mx.array) -> mx.array:
+    return a if group.post_index is None else mx.take(a, group.post_index, axis=0)
+
+
+def _keep_post(group: _Group, batch: _PostBatch) -> None:
+    mx.async_eval(*batch.arrays)
+    for j, member in enumerate(group.post or ()):
+        member.post.append((batch, j))
 
 
 class BatchSampler:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
@@ -200,3 +200,77 @@ def make_distribution(params: SamplingParams) -> Callable[..., mx.array]:
         return vals - mx.logsumexp(vals, axis=-1, keepdims=True)
 
     return distribution
+
+
+PostSampling = tuple[float, tuple[tuple[int, float], ...]]
+"""What the sampler drew from, for one token: (the token's log-probability, the most
+probable candidates as (token id, log-probability), most probable first), both under the
+distribution after every truncation stage and the temperature (llama-server's
+`post_sampling_probs`). Only candidates the draw could pick are listed (no -inf)."""
+
+
+def truncated_top(
+    vals: mx.array, idx: mx.array | None, choice: mx.array, n: int, *, ordered: bool
+) -> tuple[mx.array, mx.array, mx.array]:
+    """The draw's distribution summarized: (log-probability of the chosen candidate [B],
+    log-probabilities [B, n'] and token ids [B, n'] of the `n'` = min(n, width) most probable
+    candidates, most probable first).
+
+    `vals` are a batch's candidates after every stage ([B, width], removed ones -inf), `idx`
+    their token ids (None: the whole vocabulary in its own order) and `choice` the drawn
+    candidate's position. `ordered`: `vals` already run most probable first (top-k or a
+    sorted vocabulary, no XTC), so the top is a slice.
+    """
+    logp = vals - mx.logsumexp(vals, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logp, choice[:, None], axis=-1)[:, 0]
+    k = max(1, min(n, logp.shape[-1]))
+    if ordered:
+        top = logp[:, :k]
+        pos = idx[:, :k] if idx is not None else mx.broadcast_to(mx.arange(k), top.shape)
+        return chosen, top, pos
+    part = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k]
+    part_vals = mx.take_along_axis(logp, part, axis=-1)
+    order = mx.argsort(-part_vals, axis=-1)
+    top = mx.take_along_axis(part_vals, order, axis=-1)
+    pos = mx.take_along_axis(part, order, axis=-1)
+    if idx is not None:
+        pos = mx.take_along_axis(idx, pos, axis=-1)
+    return chosen, top, pos
+
+
+def host_post_sampling(chosen: float, ids: list[int], logps: list[float], n: int) -> PostSampling:
+    """A `PostSampling` from host values: the first `n` finite candidates."""
+    top = tuple((i, lp) for i, lp in zip(ids, logps, strict=True) if lp != _NEG_INF)
+    return chosen, top[:n]
+
+
+def greedy_post_sampling(token: int, n: int) -> PostSampling:
+    """A greedy draw's distribution: all the mass on the chosen token."""
+    return 0.0, ((token, 0.0),)[:n]
+
+
+def post_sampling_of(
+    params: SamplingParams, logprobs: mx.array, token: int, n: int
+) -> PostSampling:
+    """`PostSampling` of `token`, drawn from one row of log-probabilities `logprobs` with
+    `params`, computed again from that row (for tokens no `BatchSampler` drew).
+
+    XTC with 0 < probability < 1 flips a coin per draw that is not known here: this takes a
+    fresh coin, and the distribution without XTC when that one excludes `token` (which the
+    draw itself then cannot have applied).
+    """
+    plan = _Plan.from_params(params)
+    if plan.temperature <= 0 or plan.top_k == 1:
+        return greedy_post_sampling(token, n)
+    row = logprobs.reshape(1, -1)
+    choice = mx.array([token])
+    for attempt in (plan, replace(plan, xtc_probability=0.0)):
+        vals, idx = _truncate(attempt, row, None)
+        if idx is not None:
+            full = mx.full(row.shape, _NEG_INF, dtype=vals.dtype)
+            vals = mx.put_along_axis(full, idx, vals, axis=-1)
+        chosen, top, pos = truncated_top(vals, None, choice, n, ordered=False)
+        value = float(chosen.item())  # type: ignore[arg-type]
+        if value != _NEG_INF or attempt.xtc_probability == 0:
+            break
+    return host_post_sampling(value, pos[0].tolist(), top[0].tolist(), n)  # type: ignore[arg-type]

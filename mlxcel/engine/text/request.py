@@ -46,6 +46,7 @@ class GenerationRequest:
     cache_prompt: bool = True
     priority: Priority = Priority.NORMAL
     logprobs: int | None = None  # None: off; N >= 0: sampled token + N alternatives
+    post_sampling_probs: bool = False  # logprobs under the distribution actually sampled from
     grammar: Any = None  # a compiled grammar (mlxcel.engine.grammar.CompiledGrammar) or None
     thinking: Any = None  # a thinking budget (mlxcel.engine.text.thinking_budget) or None
     skip_special: bool = True  # False: special tokens' text is decoded (output parsers)

@@ -15,6 +15,12 @@ Sampling is batched too: every sequence in the generator shares one `BatchSample
 applies each row's settings as per-row arrays in one graph per step (`BatchRows` tells it
 which row is whose). `batched_sampling=False` (or `MLXCEL_BATCHED_SAMPLING=0`) gives each
 request its own sampler closure instead, which mlx-lm then calls row by row.
+
+A shared KV pool (`kv_pool=`, llama-server's `--kv-unified`): every slot may use up to the
+whole context, and the tokens all running sequences hold in their KV caches together stay
+within `kv_pool`. A step after which they would not fails every running sequence with a
+context-exceeded error, its tokens unsent, as llama-server fails every processing slot
+when its unified KV cache has no room for the next batch.
 """
 
 from __future__ import annotations
@@ -116,6 +122,16 @@ class _Job:
     row: Any = None  # sampling.batched.RowSampling when the engine samples batched
     spec: Any = None  # speculative.lane.SequenceSpeculation when the request may speculate
     progress_sent: int = -1  # the last prefill progress reported (`processed`)
+    prefill_done: int = 0  # uncached prompt tokens the generator has prefilled
+
+    def kv_tokens(self, n_generated: int) -> int:
+        """Tokens in this sequence's KV cache once it has generated `n_generated` tokens:
+        its prompt and every generated token but the last (not fed back yet); while it
+        prefills, the cached prefix and the chunks done so far."""
+        n_prompt = len(self.request.prompt_tokens)
+        if n_generated > 0:
+            return n_prompt + n_generated - 1
+        return min(n_prompt, self.cache_n + self.prefill_done)
 
 
 class TextEngine:
@@ -130,6 +146,7 @@ class TextEngine:
         *,
         slots: int = 1,
         context_per_slot: int | None = None,
+        kv_pool: int | None = None,
         prefill_chunk: int = 2048,
         max_queue_depth: int = 64,
         prompt_cache: Any = None,
@@ -142,6 +159,7 @@ class TextEngine:
         self.tokenizer = loaded.tokenizer
         self.n_slots = slots
         self.context_per_slot = context_per_slot or loaded.info.context_length
+        self.kv_pool = kv_pool if slots > 1 else None  # one slot: its own limit is the pool
         self.prefill_chunk = max(16, prefill_chunk)
         self.max_queue_depth = max_queue_depth
         self.prompt_cache = prompt_cache
@@ -356,7 +374,12 @@ class TextEngine:
             # they would then come before the bias.
             fold = bool(request.sampling.logit_bias) and len(processors) == 1
             fold = fold and request.logprobs is None
-            job.row = RowSampling(request.sampling, self.tokenizer.vocab_size, logit_bias=fold)
+            job.row = RowSampling(
+                request.sampling,
+                self.tokenizer.vocab_size,
+                logit_bias=fold,
+                post_probs=request.logprobs if request.post_sampling_probs else None,
+            )
             if fold:
                 processors = []
         (uid,) = generator.insert(
@@ -403,17 +426,43 @@ class TextEngine:
                 continue
             if p.end_of_prompt:
                 job.prefilled = True
+            job.prefill_done = max(job.prefill_done, int(p.progress[0]))
             if job.request.progress and not job.finished:
                 done, todo = (int(x) for x in p.progress)
                 # All but the last token processed is the prompt done: the generator takes
                 # that one into the first decode step (one report per chunk, as llama-server).
                 self._progress(job, done, p.end_of_prompt or done >= todo - 1)
         self._count_step(stats, len(responses), bool(prompt_responses))
+        if self.kv_pool is not None and self._pool_exhausted(generator, responses):
+            return
         for r in responses:
             job = self._by_uid.get(r.uid)
             if job is None or job.finished:
                 continue
             self._on_token(generator, job, r, now)
+
+    def _pool_exhausted(self, generator: Any, responses: list[Any]) -> bool:
+        """Whether the step just taken overran the shared KV pool; if so, every running
+        sequence fails (its tokens from this step unsent) and leaves the generator."""
+        assert self.kv_pool is not None
+        fed = {r.uid for r in responses}
+        held = sum(
+            job.kv_tokens(job.n_generated + (job.uid in fed))
+            for job in self._running.values()
+            if not job.finished
+        )
+        if held <= self.kv_pool:
+            return False
+        message = (
+            f"context size has been exceeded: the {len(self._running)} running requests "
+            f"need {held} tokens of the {self.kv_pool} the slots share (--kv-unified)"
+        )
+        log.warning("%s; failing them all", message)
+        jobs = [job for job in self._running.values() if not job.finished]
+        generator.remove([job.uid for job in jobs if job.uid in self._by_uid])
+        for job in jobs:
+            self._finish(job, "error", error=message)
+        return True
 
     def _speculate(self, generator: Any) -> bool:
         """Run a solo-lane round when one sequence decodes alone and the policy drafts (or
@@ -525,9 +574,11 @@ class TextEngine:
             return
         request = job.request
         text = job.detok.add(token)
-        logprobs = (
-            self._logprobs(r, token, request.logprobs) if request.logprobs is not None else ()
-        )
+        logprobs: tuple[TokenLogprob, ...] = ()
+        if request.logprobs is not None and request.post_sampling_probs:
+            logprobs = self._post_logprobs(job, r, token, request.logprobs)
+        elif request.logprobs is not None:
+            logprobs = self._logprobs(r, token, request.logprobs)
         stop_hit = False
         if job.stopper is not None and text:
             text, stop_hit = job.stopper.feed(text)
@@ -595,6 +646,16 @@ class TextEngine:
             vals: list[float] = row[idx].tolist()  # type: ignore[assignment]
             top = tuple(sorted(zip(ids, vals, strict=True), key=lambda p: -p[1]))
         return (TokenLogprob(token, float(row[token].item()), top),)
+
+    def _post_logprobs(self, job: _Job, r: Any, token: int, top_n: int) -> tuple[TokenLogprob, ...]:
+        """`token` and `top_n` alternatives under the distribution the sampler drew it from:
+        the batch sampler's own record, else computed again from the step's row."""
+        got = job.row.take_post(token) if job.row is not None else None
+        if got is None:
+            from mlxcel.engine.sampling.samplers import post_sampling_of
+
+            got = post_sampling_of(job.request.sampling, r.logprobs, token, top_n)
+        return (TokenLogprob(token, got[0], got[1]),)
 
     def _flush_sinks(self) -> None:
         """Call `flush()` once on every sink that got events since the last call."""

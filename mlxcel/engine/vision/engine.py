@@ -309,7 +309,12 @@ class VisionEngine:
             if stopper is not None and text:
                 text, hit = stopper.feed(text)
             items: tuple[TokenLogprob, ...] = ()
-            if request.logprobs is not None:
+            if request.logprobs is not None and request.post_sampling_probs:
+                from mlxcel.engine.sampling.samplers import post_sampling_of
+
+                got = post_sampling_of(request.sampling, logprobs, token, request.logprobs)
+                items = (TokenLogprob(token, got[0], got[1]),)
+            elif request.logprobs is not None:
                 items = (self._logprob(logprobs, token, request.logprobs),)
             self._emit(job, text, token, items, len(prepared.tokens), n)
             if hit:

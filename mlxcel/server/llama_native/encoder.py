@@ -9,10 +9,11 @@ event, and the stream ends there.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
+from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, TokenLogprob
 from mlxcel.server.errors import APIError, sse_error_data
 from mlxcel.server.generation import Encoder
 from mlxcel.server.llama_native.protocol import (
@@ -119,7 +120,7 @@ class NativeEncoder(Encoder):
         if event.timings is not None and request.timings_per_token and not event.finished:
             chunk["timings"] = event.timings.to_dict()
         if self.native.n_probs > 0 and not event.finished:
-            chunk["completion_probabilities"] = chat_logprobs(self.tokenizer, list(event.logprobs))
+            chunk["completion_probabilities"] = self._probabilities(list(event.logprobs))
         lines.append(sse_data(chunk))
         return lines
 
@@ -186,6 +187,7 @@ class NativeEncoder(Encoder):
                 stop=request.stop,
                 ignore_eos=request.ignore_eos,
                 eog_tokens=tokenizer.eos_token_ids,
+                post_sampling_probs=bool(body.post_sampling_probs),
             ),
             "prompt": tokenizer.decode(request.prompt_tokens),
             "has_new_line": "\n" in text,
@@ -196,10 +198,32 @@ class NativeEncoder(Encoder):
             "timings": final.timings.to_dict() if final.timings is not None else {},
         }
         if body.n_probs > 0 and content is None:
-            out["completion_probabilities"] = chat_logprobs(
-                tokenizer, [lp for e in events for lp in e.logprobs]
+            out["completion_probabilities"] = self._probabilities(
+                [lp for e in events for lp in e.logprobs]
             )
         return project_fields(out, body.response_fields) if body.response_fields else out
+
+    def _probabilities(self, items: list[TokenLogprob]) -> list[dict[str, Any]]:
+        """`completion_probabilities`: log-probabilities (`logprob`, `top_logprobs`), or with
+        `post_sampling_probs` the sampled distribution's probabilities (`prob`, `top_probs`)."""
+        if not self.native.post_sampling_probs:
+            return chat_logprobs(self.tokenizer, items)
+        return [
+            {
+                **self._prob_item(item.token_id, item.logprob),
+                "top_probs": [self._prob_item(t, lp) for t, lp in item.top],
+            }
+            for item in items
+        ]
+
+    def _prob_item(self, token_id: int, logprob: float) -> dict[str, Any]:
+        tokenizer = self.tokenizer
+        return {
+            "id": token_id,
+            "token": tokenizer.piece(token_id),
+            "bytes": list(tokenizer.piece_bytes(token_id)),
+            "prob": math.exp(logprob),
+        }
 
     def _filled_context(self, final: GenerationEvent, request: GenerationRequest) -> bool:
         """llama-server's `truncated`: generation stopped because the slot's context is full

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from mlxcel.engine.sampling.params import SAMPLING_KNOBS
 from mlxcel.server.errors import bad_request
@@ -40,6 +40,12 @@ class NativeCompletionRequest(SamplingFields):
     n_predict: int | None = Field(None, ge=-2)
     stream: bool = False
     n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    # With `n_probs`: probabilities (`prob`, `top_probs`) of the distribution the token was
+    # drawn from, after the whole sampler chain, instead of the model's log-probabilities.
+    # A JSON boolean (null: unset), as llama-server checks it.
+    post_sampling_probs: StrictBool | None = None
+    # Where llama.cpp samples (its GPU backend or the CPU): no meaning here, accepted.
+    backend_sampling: StrictBool | None = None
     return_tokens: bool = False
     response_format: dict[str, Any] | None = None
     # Thinking-budget aliases: accepted (a raw completion has no reasoning channel to cap).
@@ -224,6 +230,7 @@ def sampling_params_view(
     stream: bool = False,
     n_probs: int = 0,
     ignore_eos: bool = False,
+    post_sampling_probs: bool = False,
 ) -> dict[str, Any]:
     """The llama-server `params` object (as in `/props` and `/slots`) for `sampling`."""
     return {
@@ -267,7 +274,7 @@ def sampling_params_view(
         "samplers": list(SAMPLERS),
         "speculative.types": "none",
         "timings_per_token": False,
-        "post_sampling_probs": False,
+        "post_sampling_probs": post_sampling_probs,
         "backend_sampling": False,
         "lora": [],
     }
@@ -283,6 +290,7 @@ def generation_settings(
     stop: tuple[str, ...],
     ignore_eos: bool,
     eog_tokens: frozenset[int] = frozenset(),
+    post_sampling_probs: bool = False,
 ) -> dict[str, Any]:
     """The `generation_settings` object of a native completion answer.
 
@@ -293,7 +301,12 @@ def generation_settings(
     if ignore_eos:
         biases.update({token: float("-inf") for token in sorted(eog_tokens)})
     out = sampling_params_view(
-        sampling, n_predict=n_predict, stream=stream, n_probs=n_probs, ignore_eos=ignore_eos
+        sampling,
+        n_predict=n_predict,
+        stream=stream,
+        n_probs=n_probs,
+        ignore_eos=ignore_eos,
+        post_sampling_probs=post_sampling_probs,
     )
     out.update(
         {

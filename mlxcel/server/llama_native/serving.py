@@ -158,7 +158,7 @@ class NativeServing:
         self, body: NativeCompletionRequest, tokens: list[int], raw: Request
     ) -> GenerationRequest:
         state = self.state
-        return to_generation_request(
+        request = to_generation_request(
             body,
             settings=state.settings,
             tokenizer=self.tokenizer,
@@ -168,6 +168,8 @@ class NativeServing:
             priority=parse_priority(raw.headers.get(PRIORITY_HEADER)),
             logprobs=_logprobs_wanted(body),
         )
+        request.post_sampling_probs = bool(body.post_sampling_probs) and body.n_probs > 0
+        return request
 
     async def _run(
         self,
