@@ -156,12 +156,43 @@ def test_auto_policy_runs_quantized_layers_on_the_kernel(
     for ids in (tokens[:1], (tokens * 4)[: KERNEL_MAX_ROWS + 5]):
         a = np.array(auto.model(mx.array([ids])))
         b = np.array(widened.model(mx.array([ids])))
-        if quant == "Q4_1" and kernels.int8() and len(ids) <= KERNEL_MAX_ROWS:
-            # decode on the int8 path: x rounded to 8 bits at every layer
+        if quant == "Q4_1" and kernels.int8():
+            # x rounded to 8 bits at every layer: by the kernel (decode) or, for the float32
+            # copy (prefill), by `round_like_int8`
             rms = np.sqrt(((a - b) ** 2).mean() / (b**2).mean())
             assert rms < 2e-2
         else:
             np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)
+
+
+def test_prefill_copy_rounds_like_the_int8_kernel(
+    kernels: ModuleType, tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """More than KERNEL_MAX_ROWS rows go to the float32 copy; with the int8 path on they are
+    rounded first, so they agree with the kernel's integer products up to float32 summation
+    (what keeps a prompt's numbers the same prefilled alone or in a batch)."""
+    from fixtures.tiny_models import write_tiny_gguf
+
+    from mlxcel.engine.cpu_kernels.layers import _kernel_matmul
+    from mlxcel.engine.loading import load_model
+
+    if not kernels.int8():
+        pytest.skip("this CPU has no AVX-512 VNNI: the kernel keeps float32 activations")
+    gguf = write_tiny_gguf(tiny_llama_dir, tmp_path / "tiny.Q4_1.gguf", "Q4_1")
+    loaded = load_model(str(gguf), cpu_dtype="auto")
+    layer = next(m for _, m in loaded.model.named_modules() if isinstance(m, KernelQuantizedLinear))
+    assert layer.get("dense") is not None
+    k = layer.weight.shape[-1] * 32 // layer.bits
+    x = mx.random.normal((1, KERNEL_MAX_ROWS + 7, k), key=mx.random.key(3))
+    via_copy = np.array(_kernel_matmul(kernels, x, layer, layer["dense"]))
+    via_kernel = np.array(
+        kernels.quantized_matmul(
+            x, layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits
+        )
+    )
+    np.testing.assert_allclose(via_copy, via_kernel, atol=1e-4, rtol=1e-4)
+    unrounded = np.array(x @ layer["dense"].T)
+    assert np.abs(unrounded - via_kernel).max() > 10 * np.abs(via_copy - via_kernel).max()
 
 
 def test_tied_head_uses_the_kernel_and_decode_matches_batch(

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 KERNELS_ENV = "MLXCEL_CPU_KERNELS"
 KERNEL_DIR_ENV = "MLXCEL_KERNEL_DIR"
 CFLAGS_ENV = "MLXCEL_KERNEL_CFLAGS"  # extra compiler flags, e.g. "-mno-avx512f"
-INT8_ENV = "MLXCEL_KERNEL_INT8"  # on: int8 activations for the matmuls (opt-in)
+INT8_ENV = "MLXCEL_KERNEL_INT8"  # off: 4-bit matmuls keep float32 activations
 MODULE_NAME = "_mlxcel_cpu_kernels"
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
 
@@ -227,12 +227,11 @@ def _self_test(module: ModuleType) -> None:
 
 
 def int8_enabled() -> bool:
-    """True when `MLXCEL_KERNEL_INT8=on` asks for the int8 activations path (AVX-512 VNNI).
-
-    Off by default: with it, a served batch did not give each sequence exactly the greedy
-    tokens it gets alone (tests/test_cpu_kernels.py), which mlxcel promises."""
-    value = os.environ.get(INT8_ENV, "off").strip().lower()
-    return value in ("on", "1", "true", "yes", "auto")
+    """False when `MLXCEL_KERNEL_INT8=off` keeps float32 activations; by default 4-bit
+    matmuls round activations to int8 where the CPU has integer dot products (AVX-512 VNNI),
+    and prefill through the float32 copy rounds them the same way (`layers.round_like_int8`)."""
+    value = os.environ.get(INT8_ENV, "auto").strip().lower()
+    return value not in ("off", "0", "false", "no", "none")
 
 
 def default_threads() -> int:
