@@ -40,7 +40,9 @@ def mlx_tiny() -> WhisperModel:
 
 @pytest.fixture(scope="module")
 def numpy_tiny() -> WhisperModel:
-    return load_whisper(str(tiny_whisper_dir()), forward="numpy")
+    """The whole 30-second window, as mlx-whisper encodes it: a random model's tokens depend
+    on every encoder row (the shipped tiny.en's do not, see test_audio_ctx_choice)."""
+    return load_whisper(str(tiny_whisper_dir()), forward="numpy", audio_ctx="full")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,33 @@ def test_encoder_matches_mlx_whisper(mlx_tiny: WhisperModel) -> None:
     assert got.shape == expected.shape == (2, 1500, model.dims.n_audio_state)
     assert np.abs(got - expected).max() < 1e-4
     with pytest.raises(ValueError, match="audio shape"):
-        encoder(mel[:, :2000])
+        encoder(mel[:, :2001])  # an odd number of frames
+    with pytest.raises(ValueError, match="audio shape"):
+        encoder(mx.concatenate([mel, mel], axis=1))  # longer than a window
+
+
+def test_audio_frames_leaves_out_the_padding() -> None:
+    mel = np.zeros((3000, 80), np.float32)
+    assert cpu_whisper.audio_frames(mel) == 256  # nothing: the margin, rounded up
+    mel[:277] = 0.5  # a 2.77 s clip, then mlx-whisper's zero frames
+    assert cpu_whisper.audio_frames(mel) == 512  # 277 + 200, rounded up to 128
+    mel[2900] = 0.1
+    assert cpu_whisper.audio_frames(mel) == 3000  # never more than the window
+
+
+def test_auto_audio_ctx_encodes_fewer_frames(mlx_tiny: WhisperModel) -> None:
+    """A padded window: `auto` encodes its audio and the margin, and those rows are close to
+    what the whole window gives (attention sees the padding only through the rest)."""
+    model = mlx_tiny.model
+    auto = cpu_whisper.AudioEncoder(model.encoder, model.dims.n_audio_head)
+    full = cpu_whisper.AudioEncoder(model.encoder, model.dims.n_audio_head, audio_ctx="full")
+    mel = np.zeros((1, 3000, 80), np.float32)
+    mel[0, :300] = np.random.default_rng(2).standard_normal((300, 80))
+    short, whole = np.array(auto(mx.array(mel))), np.array(full(mx.array(mel)))
+    assert short.shape == (1, 256, model.dims.n_audio_state)  # 512 mel frames
+    assert whole.shape == (1, 1500, model.dims.n_audio_state)
+    with pytest.raises(ValueError, match="audio_ctx must be one of"):
+        cpu_whisper.AudioEncoder(model.encoder, model.dims.n_audio_head, audio_ctx="half")
 
 
 def test_decoder_matches_mlx_whisper_with_and_without_cache(mlx_tiny: WhisperModel) -> None:
@@ -190,3 +218,20 @@ def test_a_long_recording_is_read_in_windows_with_progress(tiny_en: WhisperModel
     assert all(
         a.start <= b.start for a, b in zip(result.segments, result.segments[1:], strict=False)
     )
+
+
+@pytest.mark.slow
+def test_audio_ctx_choice(
+    tiny_en: WhisperModel, monkeypatch: pytest.MonkeyPatch, speech: np.ndarray
+) -> None:
+    """`MLXCEL_WHISPER_AUDIO_CTX` picks the encoder's length; a bad value is a load error;
+    the shipped tiny.en gives the same words either way on real speech."""
+    monkeypatch.setenv(cpu_whisper.AUDIO_CTX_ENV, "half")
+    with pytest.raises(ModelLoadError, match="audio context"):
+        load_whisper(None)
+    monkeypatch.setenv(cpu_whisper.AUDIO_CTX_ENV, "full")
+    full = load_whisper(None)
+    assert full.model.encoder.audio_ctx == "full" and tiny_en.model.encoder.audio_ctx == "auto"
+    ours, whole = transcribe(tiny_en, speech), transcribe(full, speech)
+    assert word_error_rate(SENTENCE, ours.text) == 0.0, ours.text
+    assert [s.tokens for s in ours.segments] == [s.tokens for s in whole.segments]

@@ -11,12 +11,22 @@ so mlx-whisper's decoding loop, temperature fallback and word alignment run unch
 
 The attention and MLP work on row blocks so their intermediates stay in cache; GELU is the
 exact (erf) one, with erf from Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7).
+
+A window shorter than 30 seconds reaches the encoder padded with all-zero mel frames
+(mlx-whisper's `pad_or_trim`). With `audio_ctx="auto"` (the default) the encoder runs on the
+frames that hold audio plus a two-second margin instead of all 3000, as whisper.cpp's
+`audio_ctx` does: the encoder's cost grows with the square of its length, so a 3-second clip
+encodes about five times faster. `MLXCEL_WHISPER_AUDIO_CTX=full` keeps the whole window.
+The encoder's large matmuls use one OpenBLAS thread per core (up to four); the decoder's
+small ones stay on one.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +36,11 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
 ROWS = 256  # rows per attention / MLP block: a 256x1536 float32 block is 1.5 MiB
+AUDIO_CTX_ENV = "MLXCEL_WHISPER_AUDIO_CTX"
+AUDIO_CTXS = ("auto", "full")
+MARGIN_FRAMES = 200  # mel frames (2 s) kept after the last one that holds audio
+STEP_FRAMES = 128  # the encoder's length is rounded up to a multiple of this many mel frames
+MAX_ENCODER_THREADS = 4
 _ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _ERF_P = 0.3275911
 _INV_SQRT2 = 0.7071067811865476
@@ -181,7 +196,11 @@ class AudioEncoder:
     (batch, frames / 2, n_state) float32 as an MLX array.
     """
 
-    def __init__(self, encoder: Any, n_head: int) -> None:
+    def __init__(self, encoder: Any, n_head: int, *, audio_ctx: str = "auto") -> None:
+        if audio_ctx not in AUDIO_CTXS:
+            raise ValueError(f"audio_ctx must be one of {', '.join(AUDIO_CTXS)}, not {audio_ctx!r}")
+        self.audio_ctx = audio_ctx
+
         def conv(layer: Any) -> _Linear:
             weight = _f32(layer.weight)  # MLX layout (out, kernel, in)
             return _Linear(weight.reshape(weight.shape[0], -1).T.copy(), _f32(layer.bias))
@@ -200,15 +219,23 @@ class AudioEncoder:
         return _to_mx(np.stack([self.encode(item) for item in batch]))
 
     def encode(self, mel: np.ndarray) -> np.ndarray:
-        """One (frames, n_mels) log-mel spectrogram → (frames / 2, n_state) features."""
+        """One (frames, n_mels) log-mel spectrogram → (frames / 2, n_state) features; with
+        `audio_ctx="auto"` a window's zero padding is mostly left out (fewer rows out)."""
+        if self.audio_ctx == "auto" and mel.shape[0] == 2 * self.positional.shape[0]:
+            mel = mel[: audio_frames(mel)]
+        with _encoder_blas_threads():
+            return self._encode(mel)
+
+    def _encode(self, mel: np.ndarray) -> np.ndarray:
         padded = np.pad(mel, ((1, 1), (0, 0)))
         x = gelu_(self.conv1(np.concatenate([padded[:-2], padded[1:-1], padded[2:]], axis=1)))
         padded = np.pad(x, ((1, 1), (0, 0)))
         windows = [padded[0:-2:2], padded[1:-1:2], padded[2::2]]
         x = gelu_(self.conv2(np.concatenate(windows, axis=1)))
-        if x.shape != self.positional.shape:
+        positions = self.positional[: x.shape[0]]
+        if x.shape != positions.shape or mel.shape[0] % 2:
             raise ValueError(f"incorrect audio shape {mel.shape} for this encoder")
-        x += self.positional
+        x += positions
         for block in self.blocks:
             x += self._self_attention(block.attn, block.attn_ln(x))
             block.mlp_(x)
@@ -226,6 +253,15 @@ class AudioEncoder:
                 scores = softmax_(q[head, start : start + ROWS] @ k[head])
                 np.matmul(scores, v[head], out=out[head, start : start + ROWS])
         return attn.out(_merge(out))
+
+
+def audio_frames(mel: np.ndarray) -> int:
+    """How many of a padded window's mel frames the encoder needs: those up to the last one
+    that is not all zeros (mlx-whisper pads with zero frames), plus `MARGIN_FRAMES`, rounded
+    up to `STEP_FRAMES`, at most the whole window."""
+    holding = np.flatnonzero(np.any(mel != 0, axis=1))
+    end = int(holding[-1]) + 1 if holding.size else 0
+    return min(mel.shape[0], -(-(end + MARGIN_FRAMES) // STEP_FRAMES) * STEP_FRAMES)
 
 
 class KVCache:
@@ -350,13 +386,11 @@ _SET_THREADS = (
 )
 
 
-def limit_numpy_blas_threads() -> int | None:
-    """One thread for numpy's OpenBLAS on machines with 4 cores or fewer, as mlxcel does for
-    MLX's (`mlxcel.engine.blas`): its spinning helper threads fight the Python thread and
-    other work for the cores. `OPENBLAS_NUM_THREADS` wins when set. Returns the count set,
-    or None when nothing was changed (a larger machine, the variable set, no OpenBLAS)."""
-    if os.environ.get("OPENBLAS_NUM_THREADS") or (os.cpu_count() or 1) > 4:
-        return None
+_limited = False  # whether limit_numpy_blas_threads set numpy's OpenBLAS to one thread
+
+
+def _numpy_blas_setter() -> Any | None:
+    """numpy's OpenBLAS `set_num_threads` function, or None when numpy has no OpenBLAS."""
     for path in _loaded_openblas():
         try:
             library = ctypes.CDLL(path)
@@ -365,9 +399,40 @@ def limit_numpy_blas_threads() -> int | None:
         for symbol in _SET_THREADS:
             setter = getattr(library, symbol, None)
             if setter is not None:
-                setter(ctypes.c_int(1))
-                return 1
+                return setter
     return None
+
+
+def limit_numpy_blas_threads() -> int | None:
+    """One thread for numpy's OpenBLAS on machines with 4 cores or fewer, as mlxcel does for
+    MLX's (`mlxcel.engine.blas`): its spinning helper threads fight the Python thread and
+    other work for the cores. `OPENBLAS_NUM_THREADS` wins when set. Returns the count set,
+    or None when nothing was changed (a larger machine, the variable set, no OpenBLAS)."""
+    global _limited
+    if os.environ.get("OPENBLAS_NUM_THREADS") or (os.cpu_count() or 1) > 4:
+        return None
+    setter = _numpy_blas_setter()
+    if setter is None:
+        return None
+    setter(ctypes.c_int(1))
+    _limited = True
+    return 1
+
+
+@contextmanager
+def _encoder_blas_threads() -> Iterator[None]:
+    """While the encoder runs (a few large matmuls), numpy's OpenBLAS gets one thread per
+    core, up to `MAX_ENCODER_THREADS`, where `limit_numpy_blas_threads` had set one."""
+    setter = _numpy_blas_setter() if _limited else None
+    threads = min(os.cpu_count() or 1, MAX_ENCODER_THREADS)
+    if setter is None or threads == 1:
+        yield
+        return
+    setter(ctypes.c_int(threads))
+    try:
+        yield
+    finally:
+        setter(ctypes.c_int(1))
 
 
 def _loaded_openblas() -> list[str]:
@@ -385,15 +450,17 @@ def _loaded_openblas() -> list[str]:
     return found
 
 
-def use_numpy_forward(model: Any) -> None:
+def use_numpy_forward(model: Any, *, audio_ctx: str | None = None) -> None:
     """Replace `model.encoder` / `model.decoder` (an mlx_whisper Whisper) by the numpy ones.
 
     The MLX weights they held are released; everything else (dims, alignment heads,
-    mlx-whisper's decoding) is untouched.
+    mlx-whisper's decoding) is untouched. `audio_ctx` (default: $MLXCEL_WHISPER_AUDIO_CTX,
+    else `auto`) is the encoder's: `auto` leaves most of a short window's padding out.
     """
+    choice = (audio_ctx or os.environ.get(AUDIO_CTX_ENV) or "auto").strip().lower()
     limit_numpy_blas_threads()
     dims = model.dims
-    encoder = AudioEncoder(model.encoder, dims.n_audio_head)
+    encoder = AudioEncoder(model.encoder, dims.n_audio_head, audio_ctx=choice)
     decoder = TextDecoder(model.decoder, dims.n_text_head)
     # nn.Module keeps submodules as dict items; plain attributes win over them on lookup,
     # and deleting the items lets MLX free the weights.

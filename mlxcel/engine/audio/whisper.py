@@ -78,19 +78,33 @@ def resolve_whisper(ref: str | None, *, store_dir: str | None = None) -> tuple[P
 
 
 def load_whisper(
-    ref: str | None, *, store_dir: str | None = None, forward: str | None = None
+    ref: str | None,
+    *,
+    store_dir: str | None = None,
+    forward: str | None = None,
+    audio_ctx: str | None = None,
 ) -> WhisperModel:
     """Load the Whisper model `ref` names (None: the shipped tiny.en).
 
     Weights run in float32 on the CPU (MLX's float16 kernels are slow there) and in float16
     on an accelerator. `forward` (default: $MLXCEL_WHISPER_FORWARD, else `auto`) picks what
     runs the encoder and decoder: `numpy` (`cpu_whisper`, several times faster on the CPU),
-    `mlx`, or `auto` (numpy on the CPU, MLX on an accelerator).
+    `mlx`, or `auto` (numpy on the CPU, MLX on an accelerator). `audio_ctx` (default:
+    $MLXCEL_WHISPER_AUDIO_CTX, else `auto`) is the numpy encoder's: `auto` encodes a short
+    window's audio and a margin instead of its whole 30 seconds, `full` the whole window.
     """
+    from mlxcel.engine.audio.cpu_whisper import AUDIO_CTX_ENV, AUDIO_CTXS
+
     choice = (forward or os.environ.get(FORWARD_ENV) or "auto").strip().lower()
     if choice not in FORWARDS:
         raise ModelLoadError(
             f"Whisper forward must be one of {', '.join(FORWARDS)}, not {choice!r}"
+        )
+    context = (audio_ctx or os.environ.get(AUDIO_CTX_ENV) or "auto").strip().lower()
+    if context not in AUDIO_CTXS:
+        raise ModelLoadError(
+            f"Whisper audio context ({AUDIO_CTX_ENV}) must be one of "
+            f"{', '.join(AUDIO_CTXS)}, not {context!r}"
         )
     path, name, source = resolve_whisper(ref, store_dir=store_dir)
     import mlx.core as mx
@@ -114,7 +128,7 @@ def load_whisper(
     if use_numpy:
         from mlxcel.engine.audio.cpu_whisper import use_numpy_forward
 
-        use_numpy_forward(model)
+        use_numpy_forward(model, audio_ctx=context)
         fp16 = False  # numpy computes in float32 wherever it runs
     return WhisperModel(
         model=model,
