@@ -183,6 +183,23 @@ def test_backend_sampling_is_accepted(http: httpx.Client) -> None:
     assert http.post("/completion", json=body(backend_sampling="x")).status_code == 400
 
 
+def test_openai_routes_keep_the_openai_shape(http: httpx.Client) -> None:
+    """/v1 routes answer log-probabilities in OpenAI's shape whatever the flag says."""
+    common = {"max_tokens": 3, "temperature": 1.0, "seed": 5, "post_sampling_probs": True}
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "logprobs": True,
+              "top_logprobs": 3, **common},
+    )  # fmt: skip
+    assert chat.status_code == 200, chat.text
+    for entry in chat.json()["choices"][0]["logprobs"]["content"]:
+        assert "logprob" in entry and "prob" not in entry and len(entry["top_logprobs"]) == 3
+    text = http.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 3, **common})
+    assert text.status_code == 200, text.text
+    logprobs = text.json()["choices"][0]["logprobs"]
+    assert "top_probs" not in logprobs and len(logprobs["top_logprobs"][0]) == 3
+
+
 def test_concurrent_rows_keep_their_own_distributions(http: httpx.Client) -> None:
     """Rows of one decode batch with different settings (and some without the flag) each
     get the distribution of their own draw."""
