@@ -195,6 +195,8 @@ def test_flag_env_and_default(
 ) -> None:
     with ServeProcess(_args(tiny_llama_dir, *extra, "--no-warmup"), env=env).start() as proc:
         assert _n_ctx(proc.url) == (per_slot, [per_slot] * SLOTS)
+        shared = f"{SLOTS} slots x {per_slot} tokens, {CTX} shared (--kv-unified)"
+        assert (shared in proc.stderr) is (per_slot == CTX)
 
 
 @pytest.mark.parametrize(

@@ -444,9 +444,11 @@ class _Server:
         client = self.state.client
         if client is not None:
             engine = client.engine
+            pool = getattr(engine, "kv_pool", None)
+            shared = f", {pool} shared (--kv-unified)" if pool else ""
             print(
                 f"mlxcel: model {self.state.model_name} ready: {engine.n_slots} slots x "
-                f"{engine.context_per_slot} tokens",
+                f"{engine.context_per_slot} tokens{shared}",
                 file=sys.stderr,
                 flush=True,
             )
