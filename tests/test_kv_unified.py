@@ -170,11 +170,15 @@ def test_a_stream_that_outgrows_the_pool_ends_with_an_error_event(unified: str) 
         t.start()
     for t in threads:
         t.join()
+    held = 0  # the KV tokens of both once their last streamed token was sampled
     for stream in events:
         *tokens, last = stream
         assert tokens and all("content" in e and e["stop"] is False for e in tokens)
         assert len(tokens) < 200
         assert EXCEEDED in last["error"]["message"] and last["error"]["type"] == "server_error"
+        held += tokens[-1]["tokens_evaluated"] + len(tokens) - 1  # that token not fed back
+    # They fail at the first step that does not fit (one more token each), not before.
+    assert held <= CTX < held + 2
 
 
 # ------------------------------------------------------------ how the flag is set
