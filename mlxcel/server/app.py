@@ -12,6 +12,7 @@ from mlxcel.server.audio.routes import UPLOAD_PATHS
 from mlxcel.server.errors import install_error_handlers
 from mlxcel.server.io_timeout import IoTimeout
 from mlxcel.server.middleware import MAX_HEADER_BYTES, ApiKeys, Cors, RequestGuard
+from mlxcel.server.sleep import WakeOnRequest
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
@@ -114,7 +115,13 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
         app.include_router(image_only_router(), prefix=prefix)
     for router in _routers():
         app.include_router(router, prefix=prefix)
-    # Middleware added last runs first: CORS (answers preflights), then the guard.
+    # Middleware added last runs first: CORS (answers preflights), then the guard, then
+    # the wake-up of a sleeping model (`--sleep-idle-seconds`) for the routes that need it.
+    app.add_middleware(
+        WakeOnRequest,
+        engine=lambda: state.client.engine if state.client is not None else None,
+        prefix=prefix,
+    )
     app.add_middleware(
         RequestGuard,
         api_keys=ApiKeys(settings.api_keys()),

@@ -35,6 +35,7 @@ from mlxcel.server.state import ServerState
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.loading.model import LoadedModel
+    from mlxcel.engine.text.sleep import IdleSleep
     from mlxcel.engine.text.speculative import SpeculationConfig
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,6 @@ def check_memory_budget_setting() -> None:
 
 def load_into(state: ServerState) -> None:
     """Load the model and start the engine; fill `state` (ready once `state.client` is set)."""
-    from mlxcel.engine.loading import load_model
     from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.text.scheduler import TextEngine
     from mlxcel.server.bridge import EngineClient
@@ -294,13 +294,7 @@ def load_into(state: ServerState) -> None:
     if vision_path is not None:
         _load_vision_into(state, vision_path)
         return
-    loaded = load_model(
-        settings.model,
-        store_dir=settings.model_store,
-        chat_template=chat_template_text(settings),
-        cpu_dtype=settings.cpu_dtype,
-        cpu_threads=settings.threads,
-    )
+    loaded = load_text_model(settings)
     plan = plan_slots(settings, loaded.info.context_length)
     cache = PromptCache.from_settings(settings)
     engine = TextEngine(
@@ -312,6 +306,7 @@ def load_into(state: ServerState) -> None:
         max_queue_depth=settings.max_queue_depth,
         prompt_cache=cache,
         speculation=speculation_config(settings, loaded),
+        sleep=idle_sleep(settings),
     ).start()
     if settings.warmup:
         _warm_up(engine, loaded)
@@ -320,6 +315,33 @@ def load_into(state: ServerState) -> None:
     state.prompt_cache = cache
     state.embeddings = build_services(settings)
     state.client = EngineClient(engine)  # last: the server is ready from here on
+
+
+def load_text_model(settings: Settings) -> LoadedModel:
+    """The text model the settings name (ModelLoadError when it cannot be loaded)."""
+    from mlxcel.engine.loading import load_model
+
+    return load_model(
+        settings.model,
+        store_dir=settings.model_store,
+        chat_template=chat_template_text(settings),
+        cpu_dtype=settings.cpu_dtype,
+        cpu_threads=settings.threads,
+    )
+
+
+def idle_sleep(settings: Settings) -> IdleSleep | None:
+    """Sleeping on idle from `--sleep-idle-seconds` (None: -1, never): the engine reloads
+    the model, and the draft model with speculation, from the settings when it wakes."""
+    if settings.sleep_idle_seconds < 0:
+        return None
+    from mlxcel.engine.text.sleep import IdleSleep, Reloaded
+
+    def reload() -> Reloaded:
+        loaded = load_text_model(settings)
+        return Reloaded(loaded.model, speculation_config(settings, loaded))
+
+    return IdleSleep(settings.sleep_idle_seconds, reload)
 
 
 def _load_vision_into(state: ServerState, path: Path) -> None:
@@ -457,6 +479,7 @@ class _Server:
                 from mlxcel.engine.cpu_kernels.build import kernel_status
 
                 print(f"mlxcel: CPU matmuls: {blas_in_use()}; {kernel_status()}", file=sys.stderr)
+        _announce_sleep(self.state)
 
     async def serve(self) -> None:
         main = self.main
@@ -473,6 +496,19 @@ class _Server:
         if self.metrics is not None:
             self.metrics.should_exit = True
             await asyncio.gather(tasks[1], return_exceptions=True)
+
+
+def _announce_sleep(state: ServerState) -> None:
+    """Say when the model will sleep, or that this server's models never do."""
+    seconds = state.settings.sleep_idle_seconds
+    if seconds < 0:
+        return
+    engine = state.client.engine if state.client is not None else None
+    if engine is not None and hasattr(engine, "wake"):
+        text = f"the model sleeps (unloads) after {seconds} s without a request"
+    else:
+        text = "--sleep-idle-seconds: only a text model sleeps; this server's models stay loaded"
+    print(f"mlxcel: {text}", file=sys.stderr, flush=True)
 
 
 class _MainServer(uvicorn.Server):

@@ -32,11 +32,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel
+from mlxcel.engine.text.memory_budget import admission_for
 from mlxcel.engine.text.memory_budget import admit as admit_memory
 from mlxcel.engine.text.request import (
     GenerationEvent,
@@ -45,6 +47,7 @@ from mlxcel.engine.text.request import (
     Timings,
     TokenLogprob,
 )
+from mlxcel.engine.text.sleep import IdleSleep, memory_now, release_memory, resolve
 from mlxcel.engine.text.speculative import SpeculationConfig
 from mlxcel.engine.text.submission import iterate_events, token_budget
 
@@ -152,6 +155,7 @@ class TextEngine:
         prompt_cache: Any = None,
         speculation: SpeculationConfig | None = None,
         batched_sampling: bool | None = None,
+        sleep: IdleSleep | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
@@ -191,6 +195,7 @@ class TextEngine:
         self.batched_sampling = batched_sampling
         self._batch_sampler: Any = None  # sampling.batched.BatchSampler (engine thread only)
         self._rows: Any = None  # batch_rows.BatchRows for the current generator
+        self._sleep = sleep  # sleeping on idle (`--sleep-idle-seconds`); None: never
 
     # ---------------------------------------------------------------- public API
 
@@ -209,6 +214,28 @@ class TextEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self._sleep is not None:
+            with self._cond:
+                waiters = self._sleep.woke(RuntimeError("the engine is shutting down"))
+            resolve(waiters, RuntimeError("the engine is shutting down"))
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether the model is unloaded after an idle spell (`sleep=`)."""
+        return self._sleep is not None and self._sleep.asleep
+
+    def wake(self) -> Future[None]:
+        """Ask a sleeping engine to load its model again; the future resolves once it has
+        (at once when awake), or fails with the reload's error."""
+        if self._sleep is None:
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+        with self._cond:
+            future = self._sleep.ask_wake()
+            self._cond.notify_all()
+        self.start()
+        return future
 
     def check(self, request: GenerationRequest) -> int:
         """Validate `request` against the model and context; return its token budget."""
@@ -228,6 +255,8 @@ class TextEngine:
             if request.request_id in self._jobs:
                 raise InvalidRequestError(f"duplicate request id {request.request_id}")
             self._jobs[request.request_id] = job
+            if self._sleep is not None:
+                self._sleep.touch()
             heapq.heappush(self._pending, (int(request.priority), next(self._seq), job))
             self._cond.notify_all()
         self.start()
@@ -290,12 +319,24 @@ class TextEngine:
                 while not self._stopping and not self._pending and not self._running:
                     if self._cancelled:
                         break
-                    self._cond.wait()
+                    timeout = self._idle_timeout()
+                    if timeout is not None and timeout <= 0:
+                        break
+                    self._cond.wait(timeout)
                 if self._stopping:
                     self._cancel_everything(generator)
                     return
                 cancelled, self._cancelled = self._cancelled, set()
+                transition = self._sleep_transition()
             self._drop_cancelled(generator, cancelled)
+            if transition == "sleep":
+                generator = None
+                self._fall_asleep()
+                continue
+            if transition == "wake":
+                generator = self._wake_up()
+                if generator is None:  # the reload failed: still asleep
+                    continue
             with self._cond:
                 admitted: list[_Job] = []
                 while self._pending and self._free_slots:
@@ -316,6 +357,89 @@ class TextEngine:
                 for job in list(self._running.values()):
                     self._finish(job, "error", error=str(exc).splitlines()[0] if str(exc) else "")
                 generator = self._new_generator()
+
+    def _idle_timeout(self) -> float | None:
+        """Under the lock, with nothing to run: how long to wait (None: until notified)."""
+        sleep = self._sleep
+        if sleep is None:
+            return None
+        if sleep.asleep:
+            return 0.0 if sleep.wake_asked else None
+        return sleep.seconds_left()
+
+    def _sleep_transition(self) -> str | None:
+        """Under the lock: "sleep" after an idle spell, "wake" when a sleeping engine has
+        work or was asked to wake, else None."""
+        sleep = self._sleep
+        if sleep is None:
+            return None
+        if sleep.asleep:
+            return "wake" if self._pending or sleep.wake_asked else None
+        if not self._pending and not self._running and sleep.seconds_left() <= 0:
+            sleep.fell_asleep()
+            return "sleep"
+        return None
+
+    def _fall_asleep(self) -> None:
+        """Engine thread: free the model, its caches and the prompt cache."""
+        assert self._sleep is not None
+        before = memory_now()
+        try:
+            admission_for(self)  # the memory admission keeps the model's shapes for later
+        except Exception:  # noqa: BLE001 - then it is estimated again after the wake-up
+            log.exception("memory admission before sleeping failed")
+        self._spec = None
+        self._lane = self._lane_job = None
+        self._batch_sampler = self._rows = None
+        freed = self.prompt_cache.reset() if self.prompt_cache is not None else None
+        self.loaded = replace(self.loaded, model=None)
+        release_memory()
+        after = memory_now()
+        cached = f"; {freed.freed_entries} prompt-cache entries dropped" if freed else ""
+        log.warning(
+            "mlxcel: sleeping after %g s idle: model unloaded (%s -> %s)%s",
+            self._sleep.seconds,
+            before.mib(),
+            after.mib(),
+            cached,
+        )
+
+    def _wake_up(self) -> Any:
+        """Engine thread: load the model again; a fresh generator, or None on failure
+        (the waiting requests then fail, and the engine stays asleep)."""
+        assert self._sleep is not None
+        started = time.perf_counter()
+        try:
+            reloaded = self._sleep.reload()
+            self.loaded = replace(self.loaded, model=reloaded.model)
+            if reloaded.speculation is not None:
+                from mlxcel.engine.text.speculative.lane import Speculator
+
+                self._spec = Speculator(
+                    reloaded.speculation, self.loaded, prefill_chunk=self.prefill_chunk
+                )
+            generator = self._new_generator()
+        except Exception as exc:  # noqa: BLE001 - the server stays up, asleep
+            log.exception("reloading the model after sleeping failed")
+            self.loaded = replace(self.loaded, model=None)
+            error = RuntimeError(f"reloading the model failed: {str(exc).splitlines()[0]}")
+            with self._cond:
+                jobs = [job for _, _, job in self._pending]
+                self._pending.clear()
+                waiters = self._sleep.woke(error)
+            for job in jobs:
+                self._finish(job, "error", error=str(error))
+            resolve(waiters, error)
+            return None
+        with self._cond:
+            waiters = self._sleep.woke()
+        resolve(waiters)
+        log.warning(
+            "mlxcel: awake: model reloaded in %.2f s (%s)",
+            time.perf_counter() - started,
+            memory_now().mib(),
+        )
+        return generator
 
     def _new_generator(self) -> Any:
         from mlx_lm.generate import BatchGenerator, StopSequences
@@ -744,6 +868,8 @@ class TextEngine:
                 self._free_slots.append(job.slot)
                 self._free_slots.sort()
             self._jobs.pop(job.request.request_id, None)
+            if self._sleep is not None:
+                self._sleep.touch()
             if reason != "cancelled":
                 c = self.counters
                 c.requests_total += 1

@@ -115,7 +115,7 @@ def props_payload(state: ServerState) -> dict[str, Any]:
         "bos_token": (tokenizer.bos_token if tokenizer is not None else None) or "",
         "eos_token": (tokenizer.eos_token if tokenizer is not None else None) or "",
         "build_info": f"mlxcel-{__version__}",
-        "is_sleeping": False,
+        "is_sleeping": bool(getattr(engine, "sleeping", False)),
         "cors_proxy_enabled": False,
     }
 

@@ -1,0 +1,236 @@
+"""`--sleep-idle-seconds`: the model unloads after an idle spell and reloads on demand.
+
+Through real `mlxcel serve` processes on the tiny llama: the server sleeps after the idle
+time (`/props` says so, `/health` stays 200, the model list answers without waking it), a
+completion wakes it and gets the same greedy text as before the sleep, `/tokenize` wakes it
+as llama-server's does, concurrent requests share one reload, a stream in flight is never
+idle, and without the flag the server never sleeps.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_harness import ServeProcess
+
+from mlxcel.server.sleep import wakes_model
+
+IDLE = 1
+GREEDY = {"prompt": "Hello world", "n_predict": 8, "temperature": 0, "cache_prompt": False}
+
+
+@pytest.fixture(scope="module")
+def sleepy(tiny_llama_dir: Path) -> Iterator[ServeProcess]:
+    args = ["-m", str(tiny_llama_dir), "-np", "2", "-c", "4096", "--slots", "--metrics"]
+    server = ServeProcess([*args, "--sleep-idle-seconds", str(IDLE)]).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def is_sleeping(client: httpx.Client) -> bool:
+    response = client.get("/props")
+    assert response.status_code == 200
+    value = response.json()["is_sleeping"]
+    assert isinstance(value, bool)
+    return value
+
+
+def wait_asleep(client: httpx.Client, timeout: float = 20.0) -> float:
+    """Poll /props until the server sleeps; the seconds it took."""
+    start = time.monotonic()
+    while not is_sleeping(client):
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"the server did not sleep within {timeout} s")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def complete(client: httpx.Client, **extra: Any) -> str:
+    response = client.post("/completion", json={**GREEDY, **extra})
+    assert response.status_code == 200, response.text
+    content = response.json()["content"]
+    assert isinstance(content, str)
+    return content
+
+
+def count(server: ServeProcess, text: str) -> int:
+    return server.stderr.count(text)
+
+
+def test_sleeps_when_idle_and_a_completion_wakes_it(sleepy: ServeProcess) -> None:
+    with sleepy.client() as client:
+        before = complete(client)
+        assert before
+        assert not is_sleeping(client)
+        waited = wait_asleep(client)
+        assert waited >= IDLE * 0.5  # counted from the request that just finished
+        assert "sleeping after 1 s idle: model unloaded" in sleepy.stderr
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        models = client.get("/v1/models")
+        assert models.status_code == 200 and models.json()["data"]
+        assert is_sleeping(client)  # neither /health nor the model list woke it
+        wakes = count(sleepy, "awake: model reloaded")
+        after = complete(client)
+        assert after == before  # the reloaded model gives the same greedy text
+        assert not is_sleeping(client)
+        assert count(sleepy, "awake: model reloaded") == wakes + 1
+
+
+def test_tokenize_wakes_it_as_llama_server_does(sleepy: ServeProcess) -> None:
+    with sleepy.client() as client:
+        wait_asleep(client)
+        response = client.post("/tokenize", json={"content": "Hello world"})
+        assert response.status_code == 200
+        assert response.json()["tokens"]
+        assert not is_sleeping(client)
+
+
+def test_concurrent_requests_share_one_reload(sleepy: ServeProcess) -> None:
+    with sleepy.client() as client:
+        expected = complete(client)
+        wait_asleep(client)
+        wakes = count(sleepy, "awake: model reloaded")
+    results: list[str | BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def one() -> None:
+        with sleepy.client() as own:
+            barrier.wait()
+            try:
+                results.append(complete(own))
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == [expected] * 3
+    assert count(sleepy, "awake: model reloaded") == wakes + 1
+
+
+def test_no_sleep_while_a_stream_is_in_flight(sleepy: ServeProcess) -> None:
+    body = {
+        "prompt": "Once upon a time",
+        "n_predict": 4000,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    with sleepy.client() as client:
+        complete(client)  # awake
+        sleeps = count(sleepy, "sleeping after")
+        checked_at = 0.0
+        start = time.monotonic()
+        with client.stream("POST", "/completion", json=body) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if event.get("stop"):
+                    break
+                if time.monotonic() - start > IDLE * 1.5 and not checked_at:
+                    checked_at = time.monotonic() - start
+                    with sleepy.client() as other:
+                        assert not is_sleeping(other)
+        assert checked_at, "the stream ended before the idle time passed"
+        assert count(sleepy, "sleeping after") == sleeps
+        wait_asleep(client)  # and once it is over, the server does sleep
+
+
+def test_disabled_by_default(tiny_llama_dir: Path) -> None:
+    with ServeProcess(["-m", str(tiny_llama_dir), "-np", "1"]) as server:
+        with server.client() as client:
+            complete(client)
+            time.sleep(2.5)
+            assert not is_sleeping(client)
+        assert "sleep" not in server.stderr
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "wakes"),
+    [
+        ("GET", "/health", False),
+        ("GET", "/", False),
+        ("GET", "/props", False),
+        ("GET", "/v1/models", False),
+        ("POST", "/v1/embeddings", False),
+        ("POST", "/v1/audio/transcriptions", False),
+        ("POST", "/props", True),
+        ("POST", "/completion", True),
+        ("POST", "/v1/chat/completions", True),
+        ("POST", "/tokenize", True),
+        ("GET", "/slots", True),
+        ("GET", "/metrics", True),
+    ],
+)
+def test_which_routes_wake_the_model(method: str, path: str, wakes: bool) -> None:
+    assert wakes_model(method, path) is wakes
+    assert wakes_model(method, f"/api{path}", "/api") is wakes
+
+
+def test_engine_survives_a_failed_reload(tiny_llama_dir: Path) -> None:
+    """A reload that fails fails the waiting requests and leaves the engine asleep; the
+    next request reloads again. The unloaded engine holds no network."""
+    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.sampling.params import SamplingParams
+    from mlxcel.engine.text.request import GenerationRequest
+    from mlxcel.engine.text.scheduler import TextEngine
+    from mlxcel.engine.text.sleep import IdleSleep, Reloaded
+
+    loaded = load_model(str(tiny_llama_dir))
+    failures = [RuntimeError("disk gone")]
+
+    def reload() -> Reloaded:
+        if failures:
+            raise failures.pop()
+        return Reloaded(load_model(str(tiny_llama_dir)).model)
+
+    engine = TextEngine(loaded, sleep=IdleSleep(0.2, reload)).start()
+    network = weakref.ref(loaded.model)
+    del loaded
+    prompt = engine.tokenizer.encode("Hello world")
+
+    def run() -> list[Any]:
+        request = GenerationRequest(
+            prompt_tokens=prompt,
+            max_tokens=6,
+            cache_prompt=False,
+            sampling=SamplingParams(temperature=0.0),
+        )
+        return list(engine.generate(request))
+
+    try:
+        first = run()
+        assert first[-1].finish_reason == "length"
+        deadline = time.monotonic() + 10
+        while not engine.sleeping:
+            assert time.monotonic() < deadline, "the engine did not sleep"
+            time.sleep(0.05)
+        assert engine.loaded.model is None
+        gc.collect()
+        assert network() is None  # nothing holds the unloaded network any more
+        failed = run()
+        assert failed[-1].finish_reason == "error"
+        assert "disk gone" in (failed[-1].error or "")
+        assert engine.sleeping and engine.loaded.model is None
+        assert engine.wake().result(10) is None  # this wake reloads, and succeeds
+        assert not engine.sleeping and engine.loaded.model is not None
+        again = run()
+        assert "".join(e.text for e in again) == "".join(e.text for e in first)
+    finally:
+        engine.stop()
