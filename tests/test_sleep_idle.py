@@ -234,3 +234,44 @@ def test_engine_survives_a_failed_reload(tiny_llama_dir: Path) -> None:
         assert "".join(e.text for e in again) == "".join(e.text for e in first)
     finally:
         engine.stop()
+
+
+def test_sleep_frees_the_draft_model_and_wake_restores_speculation(tiny_llama_dir: Path) -> None:
+    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.sampling.params import SamplingParams
+    from mlxcel.engine.text.request import GenerationRequest
+    from mlxcel.engine.text.scheduler import TextEngine
+    from mlxcel.engine.text.sleep import IdleSleep, Reloaded
+    from mlxcel.engine.text.speculative import SpeculationConfig
+
+    def speculation() -> SpeculationConfig:
+        return SpeculationConfig("draft", n_max=4, n_min=0, draft=load_model(str(tiny_llama_dir)))
+
+    def reload() -> Reloaded:
+        return Reloaded(load_model(str(tiny_llama_dir)).model, speculation())
+
+    loaded, config = load_model(str(tiny_llama_dir)), speculation()
+    networks = [weakref.ref(loaded.model), weakref.ref(config.draft.model)]  # type: ignore[union-attr]
+    engine = TextEngine(loaded, speculation=config, sleep=IdleSleep(0.2, reload)).start()
+    del loaded, config
+    prompt = engine.tokenizer.encode("Hello world")
+
+    def run() -> list[Any]:
+        greedy = SamplingParams(temperature=0.0)
+        request = GenerationRequest(prompt_tokens=prompt, max_tokens=12, sampling=greedy)
+        return list(engine.generate(request))
+
+    try:
+        first = run()
+        assert first[-1].timings.draft_n > 0
+        deadline = time.monotonic() + 10
+        while not engine.sleeping:
+            assert time.monotonic() < deadline, "the engine did not sleep"
+            time.sleep(0.05)
+        gc.collect()
+        assert [ref() for ref in networks] == [None, None]
+        again = run()
+        assert again[-1].timings.draft_n > 0  # speculating again, with the reloaded draft
+        assert "".join(e.text for e in again) == "".join(e.text for e in first)
+    finally:
+        engine.stop()

@@ -313,6 +313,8 @@ class TextEngine:
 
     def _loop(self) -> None:
         generator = self._new_generator()
+        admitted: list[_Job] = []
+        job: _Job | None = None
         while True:
             self._flush_sinks()  # the last iteration's events go out before any wait
             with self._cond:
@@ -330,7 +332,8 @@ class TextEngine:
                 transition = self._sleep_transition()
             self._drop_cancelled(generator, cancelled)
             if transition == "sleep":
-                generator = None
+                # The last jobs go too: a finished one still holds its draft lane.
+                generator, admitted, job = None, [], None
                 self._fall_asleep()
                 continue
             if transition == "wake":
@@ -338,7 +341,7 @@ class TextEngine:
                 if generator is None:  # the reload failed: still asleep
                     continue
             with self._cond:
-                admitted: list[_Job] = []
+                admitted = []
                 while self._pending and self._free_slots:
                     _, _, job = heapq.heappop(self._pending)
                     job.slot = self._free_slots.pop(0)
