@@ -80,7 +80,9 @@ def test_sleeps_when_idle_and_a_completion_wakes_it(sleepy: ServeProcess) -> Non
         assert health.status_code == 200 and health.json()["status"] == "ok"
         models = client.get("/v1/models")
         assert models.status_code == 200 and models.json()["data"]
-        assert is_sleeping(client)  # neither /health nor the model list woke it
+        assert client.get("/no-such-route").status_code == 404
+        assert client.get("/completion").status_code == 405
+        assert is_sleeping(client)  # neither /health, the model list nor a 404 woke it
         wakes = count(sleepy, "awake: model reloaded")
         after = complete(client)
         assert after == before  # the reloaded model gives the same greedy text

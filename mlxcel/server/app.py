@@ -121,6 +121,7 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
         WakeOnRequest,
         engine=lambda: state.client.engine if state.client is not None else None,
         prefix=prefix,
+        routes=app.router.routes,
     )
     app.add_middleware(
         RequestGuard,

@@ -6,16 +6,18 @@ leave it asleep: `GET /health` (and `/`), `GET /props` (which says `is_sleeping:
 and the model list. Every other route of the text model (generation, `/tokenize`,
 `/detokenize`, `/apply-template`, `/slots`, `/metrics`, ...) first waits for the engine to
 load the model again: concurrent requests all wait for the one reload, then run normally.
-The side workers' routes (embeddings and rerank models, audio, images) never wake it.
+The side workers' routes (embeddings and rerank models, audio, images) never wake it, nor
+does a request that no route takes (404, 405).
 A reload that fails answers 503 and leaves the model asleep for the next request to retry.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlxcel.server.errors import RETRY_AFTER_SECONDS, scope_error
@@ -46,7 +48,7 @@ def wakes_model(method: str, path: str, prefix: str = "") -> bool:
     """Whether a `method` request for `path` needs the sleeping text model awake."""
     if prefix:
         if not path.startswith(prefix):
-            return True
+            return False  # no route there: a 404
         path = path[len(prefix) :] or "/"
     if path in _WHILE_ASLEEP.get(method, ()):
         return False
@@ -58,10 +60,23 @@ def wakes_model(method: str, path: str, prefix: str = "") -> bool:
 class WakeOnRequest:
     """ASGI middleware: a request that needs the model waits until a sleeping engine woke."""
 
-    def __init__(self, app: ASGIApp, *, engine: Callable[[], Any], prefix: str = "") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        engine: Callable[[], Any],
+        prefix: str = "",
+        routes: Sequence[BaseRoute] = (),
+    ) -> None:
         self.app = app
         self.engine = engine  # the text engine now, or None (loading, no text model)
         self.prefix = prefix
+        self.routes = routes  # the app's routes: a 404 or 405 never wakes the model
+
+    def _routed(self, scope: Scope) -> bool:
+        if not self.routes:
+            return True
+        return any(route.matches(scope)[0] is Match.FULL for route in self.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -70,6 +85,7 @@ class WakeOnRequest:
                 engine is not None
                 and getattr(engine, "sleeping", False)
                 and wakes_model(scope.get("method", "GET"), scope["path"], self.prefix)
+                and self._routed(scope)
             ):
                 try:
                     await asyncio.wrap_future(engine.wake())
