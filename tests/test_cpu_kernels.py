@@ -279,19 +279,14 @@ def test_bench_reports_the_kernel(kernels: ModuleType, tiny_q4_gguf: Path) -> No
     assert model["cpu_kernels"] == f"mlxcel CPU kernels ({kernels.simd}{int8}, 2 threads)"
 
 
-def test_served_batch_equals_each_request_alone(kernels: ModuleType, tiny_q4_gguf: Path) -> None:
-    """Through a real `mlxcel serve` on Q4_1 weights: /props names the kernel, and four
-    greedy completions decoded together equal the same prompts decoded one at a time."""
+def _served_alone_and_together(serve_args: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """Four greedy completions through a real `mlxcel serve`: one at a time, then together."""
     from concurrent.futures import ThreadPoolExecutor
 
     from server_harness import ServeProcess
 
     prompts = ["hello world", "the quick brown fox", "one two three", "a b c d e"]
-    serve = ServeProcess(["-m", str(tiny_q4_gguf), "-np", "4", "-c", "1024", "-t", "3"])
-    with serve as server, server.client(timeout=120) as client:
-        props = client.get("/props").json()
-        assert props["cpu_kernels"].startswith("mlxcel CPU kernels (")
-        assert props["cpu_kernels"].endswith(", 3 threads)")  # -t/--threads
+    with ServeProcess(serve_args) as server, server.client(timeout=120) as client:
 
         def complete(prompt: str) -> list[int]:
             body = {"prompt": prompt, "n_predict": 12, "temperature": 0, "ignore_eos": True}
@@ -304,6 +299,20 @@ def test_served_batch_equals_each_request_alone(kernels: ModuleType, tiny_q4_ggu
         with ThreadPoolExecutor(4) as pool:
             together = list(pool.map(complete, prompts))
     assert all(len(tokens) == 12 for tokens in alone)
+    return alone, together
+
+
+def test_served_batch_equals_each_request_alone(kernels: ModuleType, tiny_q4_gguf: Path) -> None:
+    """Through a real `mlxcel serve` on Q4_1 weights: /props names the kernel, and four
+    greedy completions decoded together equal the same prompts decoded one at a time."""
+    from server_harness import ServeProcess
+
+    args = ["-m", str(tiny_q4_gguf), "-np", "4", "-c", "1024", "-t", "3"]
+    with ServeProcess(args) as server, server.client(timeout=120) as client:
+        props = client.get("/props").json()
+        assert props["cpu_kernels"].startswith("mlxcel CPU kernels (")
+        assert props["cpu_kernels"].endswith(", 3 threads)")  # -t/--threads
+    alone, together = _served_alone_and_together(args)
     assert together == alone
 
 
@@ -415,3 +424,73 @@ def test_auto_does_not_use_the_portable_scalar_path(
     assert _count(loaded.model, KernelQuantizedLinear) == 0
     assert loaded.info.quantization.endswith("→ float32")
     assert "not used" in build.kernel_status()
+
+
+# ------------------------------------------------------- float32 weights and rotary embedding
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_dense_matmul_matches_blas_and_rows_stay_identical(kernels: ModuleType, rows: int) -> None:
+    width = int(kernels.simd_width)
+    rng = np.random.default_rng(rows)
+    k, n = 40 * width, 97
+    w = mx.array(rng.standard_normal((n, k)).astype(np.float32))
+    x = mx.array(rng.standard_normal((rows, 1, k)).astype(np.float32))
+    got = np.array(kernels.dense_matmul(x, w))
+    np.testing.assert_allclose(got, np.array(x @ w.T), atol=1e-4, rtol=1e-4)
+    assert got.shape == (rows, 1, n)
+    alone = np.array(kernels.dense_matmul(x[rows - 1 :], w))
+    assert np.array_equal(alone[0], got[rows - 1])  # the same order of operations per row
+    with pytest.raises(ValueError, match="multiple of the SIMD width"):
+        kernels.dense_matmul(x[..., 1:], w[:, 1:])
+
+
+@pytest.mark.parametrize(
+    ("shape", "dims", "traditional", "offset"),
+    [
+        ((1, 9, 1, 64), 64, False, 70),
+        ((4, 3, 1, 64), 64, False, [3, -2, 10, 50]),  # one offset per batch row (padding)
+        ((2, 8, 37, 64), 32, True, 5),  # partial rotary, consecutive pairs
+        ((1, 4, 200, 32), 32, False, 0),  # a prefill
+    ],
+)
+def test_rope_matches_mlx(
+    kernels: ModuleType, shape: tuple[int, ...], dims: int, traditional: bool, offset: object
+) -> None:
+    b, h, length, d = shape
+    x = mx.random.normal((b, length, h, d), key=mx.random.key(1)).transpose(0, 2, 1, 3)
+    start = mx.array(offset)
+    expected = mx.fast.rope(x, dims, traditional=traditional, base=10000.0, scale=0.5, offset=start)
+    got = kernels.rope(x, dims, traditional, 10000.0, 0.5, start)
+    np.testing.assert_allclose(np.array(got), np.array(expected), atol=3e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="offset"):
+        kernels.rope(x, dims, traditional, 10000.0, 0.5, mx.array([1, 2, 3, 4, 5]))
+
+
+def test_float_models_use_the_kernel_for_decode_and_rope(
+    kernels: ModuleType, tiny_llama_dir: Path
+) -> None:
+    """A float32 model under `auto`: linear layers and rotary embeddings on the kernel, the
+    logits those of the plain model for a decode step and for a prefill."""
+    from mlxcel.engine.cpu_kernels.layers import KernelLinear, KernelRoPE
+    from mlxcel.engine.loading import load_model
+
+    auto = load_model(str(tiny_llama_dir), cpu_dtype="auto")
+    plain = load_model(str(tiny_llama_dir), cpu_dtype="keep")
+    assert _count(auto.model, KernelLinear) > 0 and _count(auto.model, KernelRoPE) > 0
+    assert _count(plain.model, KernelLinear) == _count(plain.model, KernelRoPE) == 0
+    assert auto.info.quantization == "float32 (mlxcel CPU kernel for decode)"
+    tokens = auto.tokenizer.encode("hello world, the quick brown fox jumps")
+    for ids in (tokens[:1], tokens[:4], (tokens * 4)[:30]):
+        a = np.array(auto.model(mx.array([ids])))
+        b = np.array(plain.model(mx.array([ids])))
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_served_float_batch_equals_each_request_alone(
+    kernels: ModuleType, tiny_llama_dir: Path
+) -> None:
+    """Through a real `mlxcel serve` on float32 weights: four greedy completions decoded
+    together equal the same prompts decoded one at a time."""
+    alone, together = _served_alone_and_together(["-m", str(tiny_llama_dir), "-np", "4"])
+    assert together == alone

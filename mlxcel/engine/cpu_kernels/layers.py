@@ -8,6 +8,11 @@ was made (faster there: BLAS GEMM), else the kernel as well. The kernel computes
 with the same order of operations whatever the number of rows, so a sequence decodes to
 the same logits alone or in a batch of up to `KERNEL_MAX_ROWS`.
 
+Float32 models get the same treatment for their `nn.Linear` layers (and a tied LM head):
+matmuls of up to `DENSE_MAX_ROWS` rows run on the kernel's float32 path (`dense_matmul`,
+each weight row read once for all rows, where a BLAS GEMM packs the whole matrix first),
+larger ones on BLAS as before (`use_dense_kernels`).
+
 When the kernel rounds 4-bit layers' activations to int8 (AVX-512 VNNI), the float32 copy
 is fed the same rounded activations, so a prompt gets the same numbers (up to float32
 summation order) whether its rows go to the kernel (prefilled alone) or to BLAS (prefilled
@@ -25,6 +30,9 @@ import mlx.nn as nn
 # Above this many rows a float32 GEMM beats the kernel (measured on a 2-core AVX-512 box:
 # kernel 1.2x at 16 rows, 0.8-0.9x at 64).
 KERNEL_MAX_ROWS = 16
+# Float32 weights: up to this many rows the kernel's float32 path beats OpenBLAS's GEMM
+# (bench/cpu_path.py, 2-core AVX-512 box).
+DENSE_MAX_ROWS = 8
 
 
 def _kernel_matmul(
@@ -73,6 +81,80 @@ def round_like_int8(x: mx.array) -> mx.array:
     inv = mx.where(amax > 0, 127.0 / mx.maximum(amax, 1e-30), 0.0)
     rounded = mx.round(blocks * inv) * (amax / 127.0)
     return rounded.reshape(x.shape)
+
+
+class KernelLinear(nn.Linear):
+    """`nn.Linear` (float32) whose matmuls of up to `DENSE_MAX_ROWS` rows run on the kernel."""
+
+    kernels: ModuleType
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32 or x.size > DENSE_MAX_ROWS * x.shape[-1]:
+            return super().__call__(x)
+        y: mx.array = self.kernels.dense_matmul(x, self["weight"])
+        if "bias" in self:
+            y = y + self["bias"]
+        return y
+
+
+class KernelEmbedding(nn.Embedding):
+    """`nn.Embedding` (float32) whose `as_linear` (a tied LM head) runs on the kernel for up
+    to `DENSE_MAX_ROWS` rows."""
+
+    kernels: ModuleType
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32 or x.size > DENSE_MAX_ROWS * x.shape[-1]:
+            return super().as_linear(x)
+        out: mx.array = self.kernels.dense_matmul(x, self["weight"])
+        return out
+
+
+class KernelRoPE(nn.RoPE):
+    """`nn.RoPE` on the kernel's rope (float32 [B, H, L, D] input): the angles computed once
+    per position for every head, where MLX's CPU rope computes them per element."""
+
+    kernels: ModuleType
+
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        if x.dtype != mx.float32 or x.ndim != 4:
+            return super().__call__(x, offset)  # type: ignore[arg-type]
+        start = offset if isinstance(offset, mx.array) else mx.array(int(offset))
+        out: mx.array = self.kernels.rope(
+            x, int(self.dims), bool(self.traditional), float(self.base), float(self.scale), start
+        )
+        return out
+
+
+def use_rope_kernel(model: nn.Module, kernels: ModuleType) -> int:
+    """Switch `model`'s plain `nn.RoPE` modules (not the scaled variants) to `KernelRoPE`.
+    Returns how many changed."""
+    changed = 0
+    for _, module in model.named_modules():
+        if type(module) is nn.RoPE:
+            module.__class__ = KernelRoPE
+            module.kernels = kernels
+            changed += 1
+    return changed
+
+
+def use_dense_kernels(model: nn.Module, kernels: ModuleType) -> int:
+    """Switch `model`'s float32 `nn.Linear` / `nn.Embedding` layers whose input width is a
+    multiple of the kernel's SIMD width to `KernelLinear` / `KernelEmbedding`. Returns how
+    many layers changed."""
+    width = int(kernels.simd_width)
+    changed = 0
+    for _, module in model.named_modules():
+        kind = type(module)
+        if kind not in (nn.Linear, nn.Embedding):
+            continue
+        weight = module["weight"]
+        if weight.dtype != mx.float32 or weight.ndim != 2 or weight.shape[1] % width:
+            continue
+        module.__class__ = KernelLinear if kind is nn.Linear else KernelEmbedding
+        module.kernels = kernels
+        changed += 1
+    return changed
 
 
 def supports(module: Any) -> bool:

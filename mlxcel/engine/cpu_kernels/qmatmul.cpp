@@ -208,6 +208,8 @@ using Vec = __m512;
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec vset1(float v) { return _mm512_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+constexpr int kWidth = 16;
 inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
 
 template <int MB>
@@ -243,6 +245,8 @@ using Vec = __m256;
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec vset1(float v) { return _mm256_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+constexpr int kWidth = 8;
 inline float hsum(Vec v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   __m128 shuf = _mm_movehdup_ps(lo);
@@ -288,6 +292,8 @@ using Vec = float;
 inline Vec vzero() { return 0.0f; }
 inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
 inline Vec vset1(float v) { return v; }
+inline Vec vload(const float* p) { return *p; }
+constexpr int kWidth = 1;
 inline float hsum(Vec v) { return v; }
 
 template <int MB, int BITS>
@@ -572,6 +578,58 @@ void qmatmul(
 }
 
 // ---------------------------------------------------------------------------------------
+// Float32 weights, few rows (batched decode of a float model). A BLAS GEMM packs the whole
+// weight matrix on every call, which for a handful of rows costs more than the arithmetic;
+// here each weight row is read once per call and multiplied with every row of x. K must be a
+// multiple of kWidth. Every (x row, weight row) pair is summed in the same order whatever
+// the number of rows, as in the quantized kernels.
+
+template <int MB, int NR>
+inline void f32_tile(const float* w, const float* x, int64_t m0, int64_t K, int64_t N,
+                     float* out, int64_t n) {
+  Vec acc[NR][MB];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = vzero();
+  for (int64_t k = 0; k < K; k += kWidth) {
+    Vec wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = vload(w + (n + r) * K + k);
+    for (int m = 0; m < MB; ++m) {
+      const Vec xv = vload(x + (m0 + m) * K + k);
+      for (int r = 0; r < NR; ++r) acc[r][m] = vfma(wv[r], xv, acc[r][m]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MB; ++m) out[(m0 + m) * N + n + r] = hsum(acc[r][m]);
+}
+
+template <int MB>
+void f32_rows(const float* w, const float* x, int64_t m0, int64_t K, int64_t N, float* out,
+              int64_t n_begin, int64_t n_end) {
+  // About 24 accumulators (of 32 AVX-512 registers): fewer loads per multiply-add.
+  constexpr int NR = MB <= 2 ? 8 : (MB <= 4 ? 6 : (MB <= 6 ? 4 : 3));
+  int64_t n = n_begin;
+  for (; n + NR <= n_end; n += NR) f32_tile<MB, NR>(w, x, m0, K, N, out, n);
+  for (; n < n_end; ++n) f32_tile<MB, 1>(w, x, m0, K, N, out, n);
+}
+
+void f32_matmul(const float* x, const float* w, float* out, int64_t M, int64_t K, int64_t N) {
+  RowPool::instance().run(N, M * N * K, [&](int64_t begin, int64_t end) {
+    int64_t m0 = 0;
+    for (; m0 + 8 <= M; m0 += 8) f32_rows<8>(w, x, m0, K, N, out, begin, end);
+    switch (M - m0) {
+      case 7: f32_rows<7>(w, x, m0, K, N, out, begin, end); break;
+      case 6: f32_rows<6>(w, x, m0, K, N, out, begin, end); break;
+      case 5: f32_rows<5>(w, x, m0, K, N, out, begin, end); break;
+      case 4: f32_rows<4>(w, x, m0, K, N, out, begin, end); break;
+      case 3: f32_rows<3>(w, x, m0, K, N, out, begin, end); break;
+      case 2: f32_rows<2>(w, x, m0, K, N, out, begin, end); break;
+      case 1: f32_rows<1>(w, x, m0, K, N, out, begin, end); break;
+      default: break;
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
 // The MLX primitive and op.
 
 // A 4-byte-element input as the dispatched task sees it: its data pointer, and its shape
@@ -666,6 +724,186 @@ class CpuQuantizedMatmul : public mx::Primitive {
   int bits_;
 };
 
+class CpuDenseMatmul : public mx::Primitive {
+ public:
+  explicit CpuDenseMatmul(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    mx::array& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    int64_t K = inputs[0].shape(-1);
+    int64_t M = K == 0 ? 0 : static_cast<int64_t>(inputs[0].size()) / K;
+    int64_t N = out.shape(-1);
+    std::array<Operand, 2> ops;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      encoder.set_input_array(inputs[i]);
+      ops[i] = Operand::of(inputs[i]);
+    }
+    encoder.set_output_array(out);
+    encoder.dispatch([ops = std::move(ops), op = out.data<float>(), M, K, N]() {
+      std::vector<uint32_t> tmp[2];
+      const void* x = ops[0].contiguous(tmp[0]);
+      const void* w = ops[1].contiguous(tmp[1]);
+      f32_matmul(static_cast<const float*>(x), static_cast<const float*>(w), op, M, K, N);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxcel's float32 matmul kernel runs on the CPU only");
+  }
+
+  const char* name() const override { return "MlxcelCpuDenseMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const CpuDenseMatmul*>(&other) != nullptr;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+};
+
+mx::array dense_matmul(const mx::array& x, const mx::array& w) {
+  if (x.ndim() < 1 || w.ndim() != 2) throw std::invalid_argument("expected x [..., K], w [N, K]");
+  if (x.dtype() != mx::float32 || w.dtype() != mx::float32) {
+    throw std::invalid_argument("expected float32 x and w");
+  }
+  if (x.shape(-1) != w.shape(1) || w.shape(1) % kWidth != 0) {
+    throw std::invalid_argument("x and w must share K, a multiple of the SIMD width");
+  }
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  mx::Shape shape = x.shape();
+  shape.back() = w.shape(0);
+  return mx::array(shape, mx::float32, std::make_shared<CpuDenseMatmul>(stream), {x, w});
+}
+
+// ---------------------------------------------------------------------------------------
+// Rotary position embedding (nn.RoPE's rotation, as mx.fast.rope computes it), one op.
+// MLX's CPU rope builds its angles with scalar cos/sin over every element of every call,
+// about 0.1 ms a call for a small decode step; here each (batch, position) computes its
+// dims/2 angles once and rotates every head with them. x is [B, H, L, D] with any strides
+// (the last one 1); positions are offset[b] + l, offset a scalar or one per batch row.
+
+struct RopeParams {
+  int dims;
+  bool traditional;
+  float base;
+  float scale;
+};
+
+void rope_rows(const float* x, const int64_t* xs, const int32_t* offset, bool per_row,
+               float* out, int64_t B, int64_t H, int64_t L, int64_t D, const RopeParams& rp) {
+  const int half = rp.dims / 2;
+  std::vector<float> cosv(static_cast<size_t>(half)), sinv(static_cast<size_t>(half));
+  std::vector<float> inv(static_cast<size_t>(half));
+  const float step = -std::log(rp.base) / static_cast<float>(half);
+  for (int d = 0; d < half; ++d) inv[d] = std::exp(static_cast<float>(d) * step);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t start = offset[per_row ? b : 0];
+    for (int64_t l = 0; l < L; ++l) {
+      const float pos = static_cast<float>(start + l) * rp.scale;
+      for (int d = 0; d < half; ++d) {
+        const float theta = pos * inv[d];
+        cosv[d] = std::cos(theta);
+        sinv[d] = std::sin(theta);
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const float* xr = x + b * xs[0] + h * xs[1] + l * xs[2];
+        float* o = out + ((b * H + h) * L + l) * D;
+        if (rp.traditional) {
+          for (int d = 0; d < half; ++d) {
+            const float a = xr[2 * d], c = xr[2 * d + 1];
+            o[2 * d] = a * cosv[d] - c * sinv[d];
+            o[2 * d + 1] = a * sinv[d] + c * cosv[d];
+          }
+        } else {
+          for (int d = 0; d < half; ++d) {
+            const float a = xr[d], c = xr[d + half];
+            o[d] = a * cosv[d] - c * sinv[d];
+            o[d + half] = a * sinv[d] + c * cosv[d];
+          }
+        }
+        for (int64_t d = rp.dims; d < D; ++d) o[d] = xr[d];
+      }
+    }
+  }
+}
+
+class CpuRope : public mx::Primitive {
+ public:
+  CpuRope(mx::Stream stream, RopeParams params) : mx::Primitive(stream), p_(params) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    mx::array& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const mx::array& x = inputs[0];
+    const mx::array& offset = inputs[1];
+    encoder.set_input_array(x);
+    encoder.set_input_array(offset);
+    encoder.set_output_array(out);
+    Operand xo = Operand::of(x);
+    std::array<int64_t, 3> strides{};
+    bool strided = x.strides()[3] == 1;
+    if (strided) {
+      for (int d = 0; d < 3; ++d) strides[d] = static_cast<int64_t>(x.strides()[d]);
+    }
+    const int64_t B = x.shape(0), H = x.shape(1), L = x.shape(2), D = x.shape(3);
+    encoder.dispatch([xo = std::move(xo), strided, strides, xp = x.data<float>(),
+                      off = offset.data<int32_t>(), per_row = offset.size() > 1,
+                      op = out.data<float>(), B, H, L, D, rp = p_]() {
+      if (strided) {
+        rope_rows(xp, strides.data(), off, per_row, op, B, H, L, D, rp);
+        return;
+      }
+      std::vector<uint32_t> tmp;
+      const float* dense = static_cast<const float*>(xo.contiguous(tmp));
+      const std::array<int64_t, 3> rows{H * L * D, L * D, D};
+      rope_rows(dense, rows.data(), off, per_row, op, B, H, L, D, rp);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxcel's rope kernel runs on the CPU only");
+  }
+
+  const char* name() const override { return "MlxcelCpuRope"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuRope*>(&other);
+    return o != nullptr && o->p_.dims == p_.dims && o->p_.traditional == p_.traditional &&
+           o->p_.base == p_.base && o->p_.scale == p_.scale;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  RopeParams p_;
+};
+
+mx::array rope(const mx::array& x, int dims, bool traditional, float base, float scale,
+               const mx::array& offset) {
+  if (x.ndim() != 4 || x.dtype() != mx::float32) {
+    throw std::invalid_argument("expected float32 x [B, H, L, D]");
+  }
+  if (dims < 2 || dims % 2 != 0 || dims > x.shape(3)) {
+    throw std::invalid_argument("dims must be even and at most the last axis");
+  }
+  if (offset.size() != 1 && (offset.ndim() != 1 || offset.shape(0) != x.shape(0))) {
+    throw std::invalid_argument("offset must be a scalar or one per batch row");
+  }
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto offsets = mx::astype(mx::reshape(offset, {-1}), mx::int32, stream);
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<CpuRope>(stream, RopeParams{dims, traditional, base, scale}),
+                   {x, offsets});
+}
+
 mx::array quantized_matmul(
     const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
     int group_size, int bits) {
@@ -703,6 +941,12 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
   m.def("quantized_matmul", &quantized_matmul, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w, scales, biases).T on the CPU (float32 x; 4- or 8-bit affine w).");
+  m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"),
+        nb::arg("scale"), nb::arg("offset"),
+        "nn.RoPE's rotation of float32 x [B, H, L, D] at positions offset + l on the CPU.");
+  m.def("dense_matmul", &dense_matmul, nb::arg("x"), nb::arg("w"),
+        "x @ w.T on the CPU for float32 x [..., K] and w [N, K] (K a multiple of simd_width).");
+  m.attr("simd_width") = kWidth;
   m.def("set_threads", [](int n) { RowPool::instance().set_threads(n); }, nb::arg("n"),
         "Threads the kernel splits output rows across.");
   m.def("threads", [] { return RowPool::instance().threads(); });

@@ -60,7 +60,13 @@ def load_model(
 def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
     import mlx.core as mx
 
-    if policy == "keep" or mx.default_device() != mx.cpu or not _is_quantized(loaded.model):
+    if policy == "keep" or mx.default_device() != mx.cpu:
+        return
+    if policy == "auto":
+        _use_rope_kernel(loaded)
+    if not _is_quantized(loaded.model):
+        if policy == "auto":
+            _use_dense_kernels(loaded, threads)
         return
     fits = _float32_fits(loaded)
     if policy == "auto":
@@ -83,6 +89,32 @@ def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
     if policy == "float32" or fits:
         _dequantize(loaded.model)
         loaded.info = _with(loaded.info, quantization=f"{loaded.info.quantization} → float32")
+
+
+def _use_rope_kernel(loaded: LoadedModel) -> None:
+    """Rotary embeddings on the CPU kernel (MLX's CPU rope recomputes every angle)."""
+    from mlxcel.engine.cpu_kernels.build import load_kernels
+    from mlxcel.engine.cpu_kernels.layers import use_rope_kernel
+
+    kernels = load_kernels()
+    if kernels is not None:
+        use_rope_kernel(loaded.model, kernels)
+
+
+def _use_dense_kernels(loaded: LoadedModel, threads: int) -> None:
+    """A float32 model's few-row matmuls (decode, batched decode) on the CPU kernel."""
+    from mlxcel.engine.cpu_kernels.build import load_kernels
+    from mlxcel.engine.cpu_kernels.layers import use_dense_kernels
+
+    kernels = load_kernels()
+    if kernels is None or kernels.simd == "scalar":
+        return
+    if threads > 0:
+        kernels.set_threads(threads)
+    if use_dense_kernels(loaded.model, kernels):
+        quant = loaded.info.quantization
+        name = "float32" if quant in ("", "none") else quant
+        loaded.info = _with(loaded.info, quantization=f"{name} (mlxcel CPU kernel for decode)")
 
 
 def _fast_blas() -> bool:
