@@ -68,6 +68,15 @@ def count(server: ServeProcess, text: str) -> int:
     return server.stderr.count(text)
 
 
+def wait_logged(server: ServeProcess, text: str, times: int = 1, timeout: float = 10.0) -> None:
+    """Wait until the server's stderr holds `text` `times` times (the line follows the
+    state change: the model is marked asleep, then unloaded, then the line is written)."""
+    deadline = time.monotonic() + timeout
+    while count(server, text) < times:
+        assert time.monotonic() < deadline, f"never logged {text!r}:\n{server.stderr}"
+        time.sleep(0.05)
+
+
 def test_sleeps_when_idle_and_a_completion_wakes_it(sleepy: ServeProcess) -> None:
     with sleepy.client() as client:
         before = complete(client)
@@ -75,7 +84,7 @@ def test_sleeps_when_idle_and_a_completion_wakes_it(sleepy: ServeProcess) -> Non
         assert not is_sleeping(client)
         waited = wait_asleep(client)
         assert waited >= IDLE * 0.5  # counted from the request that just finished
-        assert "sleeping after 1 s idle: model unloaded" in sleepy.stderr
+        wait_logged(sleepy, "sleeping after 1 s idle: model unloaded")
         health = client.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
         models = client.get("/v1/models")
@@ -134,6 +143,7 @@ def test_no_sleep_while_a_stream_is_in_flight(sleepy: ServeProcess) -> None:
     }
     with sleepy.client() as client:
         complete(client)  # awake
+        time.sleep(0.2)  # a line of an earlier sleep has reached the log
         sleeps = count(sleepy, "sleeping after")
         checked_at = 0.0
         start = time.monotonic()
@@ -275,5 +285,97 @@ def test_sleep_frees_the_draft_model_and_wake_restores_speculation(tiny_llama_di
         again = run()
         assert again[-1].timings.draft_n > 0  # speculating again, with the reloaded draft
         assert "".join(e.text for e in again) == "".join(e.text for e in first)
+    finally:
+        engine.stop()
+
+
+def test_a_vision_model_sleeps_and_wakes_too(tmp_path: Path) -> None:
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm is part of mlxcel's vision extra")
+    import base64
+    import io
+
+    from fixtures.tiny_vlm import build_tiny_qwen2_vl
+    from PIL import Image
+
+    picture = Image.new("RGB", (64, 64), (0, 200, 0))
+    for x in range(0, 64, 8):
+        for y in range(64):
+            picture.putpixel((x, y), (255, 55, 255))
+    png = io.BytesIO()
+    picture.save(png, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in the picture?"},
+                    {"type": "image_url", "image_url": {"url": uri}},
+                ],
+            }
+        ],
+        "max_tokens": 6,
+        "temperature": 0,
+    }
+    model = build_tiny_qwen2_vl(tmp_path / "qwen2vl")
+    env = {"HF_HUB_OFFLINE": "1", "MLX_DISABLE_COMPILE": "1", "TQDM_DISABLE": "1"}
+    args = ["-m", str(model), "-c", "2048", "--sleep-idle-seconds", str(IDLE)]
+    with ServeProcess(args, env=env) as server, server.client() as client:
+
+        def chat() -> str:
+            response = client.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+            content = response.json()["choices"][0]["message"]["content"]
+            assert isinstance(content, str)
+            return content
+
+        before = chat()
+        wait_asleep(client)
+        wait_logged(server, "model unloaded")
+        assert chat() == before
+        assert not is_sleeping(client)
+        assert count(server, "awake: model reloaded") == 1
+
+
+def test_a_sleeping_vision_engine_holds_no_network(tmp_path: Path) -> None:
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm is part of mlxcel's vision extra")
+    from fixtures.tiny_vlm import build_tiny_qwen2_vl
+
+    from mlxcel.engine.sampling.params import SamplingParams
+    from mlxcel.engine.text.request import GenerationRequest
+    from mlxcel.engine.text.sleep import IdleSleep, Reloaded
+    from mlxcel.engine.vision.engine import VisionEngine
+    from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
+    from mlxcel.engine.vision.loader import load_vision_model
+
+    path = build_tiny_qwen2_vl(tmp_path / "qwen2vl")
+    loaded = load_vision_model(path, name="tiny")
+    network = weakref.ref(loaded.model)
+    sleep = IdleSleep(0.2, lambda: Reloaded(load_vision_model(path, name="tiny").model))
+    engine = VisionEngine(loaded, sleep=sleep).start()
+    del loaded
+    prompt = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+
+    def run() -> str:
+        request = GenerationRequest(
+            prompt_tokens=[],
+            max_tokens=6,
+            sampling=SamplingParams(temperature=0.0),
+            media=VisionPrompt(prompt, VisionInputs()),
+        )
+        events = list(engine.generate(request))
+        assert events[-1].finish_reason in ("length", "stop")
+        return "".join(e.text for e in events)
+
+    try:
+        first = run()
+        deadline = time.monotonic() + 10
+        while not engine.sleeping:
+            assert time.monotonic() < deadline, "the engine did not sleep"
+            time.sleep(0.05)
+        gc.collect()
+        assert network() is None and engine.loaded.model is None
+        assert run() == first
+        assert not engine.sleeping
     finally:
         engine.stop()

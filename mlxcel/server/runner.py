@@ -344,6 +344,19 @@ def idle_sleep(settings: Settings) -> IdleSleep | None:
     return IdleSleep(settings.sleep_idle_seconds, reload)
 
 
+def vision_idle_sleep(settings: Settings, path: Path) -> IdleSleep | None:
+    """`idle_sleep` for the mlx-vlm model in `path` (its processor and tokenizer stay)."""
+    if settings.sleep_idle_seconds < 0:
+        return None
+    from mlxcel.engine.text.sleep import IdleSleep, Reloaded
+    from mlxcel.engine.vision.loader import load_vision_model
+
+    def reload() -> Reloaded:
+        return Reloaded(load_vision_model(path, name=path.name).model)
+
+    return IdleSleep(settings.sleep_idle_seconds, reload)
+
+
 def _load_vision_into(state: ServerState, path: Path) -> None:
     """Load the mlx-vlm model in `path` and start its one-slot engine."""
     from mlxcel.engine.vision.engine import VisionEngine
@@ -360,7 +373,10 @@ def _load_vision_into(state: ServerState, path: Path) -> None:
         loaded.tokenizer.chat_template = template
     context = settings.ctx_size if settings.ctx_size > 0 else loaded.info.context_length
     engine = VisionEngine(
-        loaded, context_per_slot=context, max_queue_depth=settings.max_queue_depth
+        loaded,
+        context_per_slot=context,
+        max_queue_depth=settings.max_queue_depth,
+        sleep=vision_idle_sleep(settings, path),
     ).start()
     state.media = ModelMedia(
         modalities=loaded.modalities,

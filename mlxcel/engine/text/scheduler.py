@@ -32,13 +32,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel
-from mlxcel.engine.text.memory_budget import admission_for
 from mlxcel.engine.text.memory_budget import admit as admit_memory
 from mlxcel.engine.text.request import (
     GenerationEvent,
@@ -47,7 +45,15 @@ from mlxcel.engine.text.request import (
     Timings,
     TokenLogprob,
 )
-from mlxcel.engine.text.sleep import IdleSleep, memory_now, release_memory, resolve
+from mlxcel.engine.text.sleep import (
+    IdleSleep,
+    Sleeps,
+    release_memory,
+    reload_error,
+    report_sleep,
+    report_wake,
+    resolve,
+)
 from mlxcel.engine.text.speculative import SpeculationConfig
 from mlxcel.engine.text.submission import iterate_events, token_budget
 
@@ -137,7 +143,7 @@ class _Job:
         return min(n_prompt, self.cache_n + self.prefill_done)
 
 
-class TextEngine:
+class TextEngine(Sleeps):
     """Continuous-batching generation over one loaded model."""
 
     flushes_sinks = True
@@ -214,28 +220,7 @@ class TextEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        if self._sleep is not None:
-            with self._cond:
-                waiters = self._sleep.woke(RuntimeError("the engine is shutting down"))
-            resolve(waiters, RuntimeError("the engine is shutting down"))
-
-    @property
-    def sleeping(self) -> bool:
-        """Whether the model is unloaded after an idle spell (`sleep=`)."""
-        return self._sleep is not None and self._sleep.asleep
-
-    def wake(self) -> Future[None]:
-        """Ask a sleeping engine to load its model again; the future resolves once it has
-        (at once when awake), or fails with the reload's error."""
-        if self._sleep is None:
-            done: Future[None] = Future()
-            done.set_result(None)
-            return done
-        with self._cond:
-            future = self._sleep.ask_wake()
-            self._cond.notify_all()
-        self.start()
-        return future
+        self._end_sleep()
 
     def check(self, request: GenerationRequest) -> int:
         """Validate `request` against the model and context; return its token budget."""
@@ -321,15 +306,13 @@ class TextEngine:
                 while not self._stopping and not self._pending and not self._running:
                     if self._cancelled:
                         break
-                    timeout = self._idle_timeout()
-                    if timeout is not None and timeout <= 0:
+                    if not self._idle_wait():
                         break
-                    self._cond.wait(timeout)
                 if self._stopping:
                     self._cancel_everything(generator)
                     return
                 cancelled, self._cancelled = self._cancelled, set()
-                transition = self._sleep_transition()
+                transition = self._sleep_due(busy=bool(self._pending or self._running))
             self._drop_cancelled(generator, cancelled)
             if transition == "sleep":
                 # The last jobs go too: a finished one still holds its draft lane.
@@ -361,51 +344,18 @@ class TextEngine:
                     self._finish(job, "error", error=str(exc).splitlines()[0] if str(exc) else "")
                 generator = self._new_generator()
 
-    def _idle_timeout(self) -> float | None:
-        """Under the lock, with nothing to run: how long to wait (None: until notified)."""
-        sleep = self._sleep
-        if sleep is None:
-            return None
-        if sleep.asleep:
-            return 0.0 if sleep.wake_asked else None
-        return sleep.seconds_left()
-
-    def _sleep_transition(self) -> str | None:
-        """Under the lock: "sleep" after an idle spell, "wake" when a sleeping engine has
-        work or was asked to wake, else None."""
-        sleep = self._sleep
-        if sleep is None:
-            return None
-        if sleep.asleep:
-            return "wake" if self._pending or sleep.wake_asked else None
-        if not self._pending and not self._running and sleep.seconds_left() <= 0:
-            sleep.fell_asleep()
-            return "sleep"
-        return None
-
     def _fall_asleep(self) -> None:
         """Engine thread: free the model, its caches and the prompt cache."""
         assert self._sleep is not None
-        before = memory_now()
-        try:
-            admission_for(self)  # the memory admission keeps the model's shapes for later
-        except Exception:  # noqa: BLE001 - then it is estimated again after the wake-up
-            log.exception("memory admission before sleeping failed")
+        before = self._before_unload()
         self._spec = None
         self._lane = self._lane_job = None
         self._batch_sampler = self._rows = None
         freed = self.prompt_cache.reset() if self.prompt_cache is not None else None
         self.loaded = replace(self.loaded, model=None)
         release_memory()
-        after = memory_now()
         cached = f"; {freed.freed_entries} prompt-cache entries dropped" if freed else ""
-        log.warning(
-            "mlxcel: sleeping after %g s idle: model unloaded (%s -> %s)%s",
-            self._sleep.seconds,
-            before.mib(),
-            after.mib(),
-            cached,
-        )
+        report_sleep(log, self._sleep.seconds, before, cached)
 
     def _wake_up(self) -> Any:
         """Engine thread: load the model again; a fresh generator, or None on failure
@@ -425,7 +375,7 @@ class TextEngine:
         except Exception as exc:  # noqa: BLE001 - the server stays up, asleep
             log.exception("reloading the model after sleeping failed")
             self.loaded = replace(self.loaded, model=None)
-            error = RuntimeError(f"reloading the model failed: {str(exc).splitlines()[0]}")
+            error = reload_error(exc)
             with self._cond:
                 jobs = [job for _, _, job in self._pending]
                 self._pending.clear()
@@ -437,11 +387,7 @@ class TextEngine:
         with self._cond:
             waiters = self._sleep.woke()
         resolve(waiters)
-        log.warning(
-            "mlxcel: awake: model reloaded in %.2f s (%s)",
-            time.perf_counter() - started,
-            memory_now().mib(),
-        )
+        report_wake(log, started)
         return generator
 
     def _new_generator(self) -> Any:

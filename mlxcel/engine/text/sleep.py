@@ -20,8 +20,10 @@ active memory before and after (`memory_now`).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxcel.engine.text.speculative import SpeculationConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,23 @@ class IdleSleep:
         self._waiters.append(future)
         return future
 
-    def fell_asleep(self) -> None:
-        self.asleep = True
-        self.wake_asked = False
+    def wait_timeout(self) -> float | None:
+        """With nothing to run: how long the engine may wait (None: until notified; <= 0:
+        not at all, a transition is due)."""
+        if self.asleep:
+            return 0.0 if self.wake_asked else None
+        return self.seconds_left()
+
+    def transition(self, *, busy: bool) -> str | None:
+        """What is due: `sleep` (now asleep) after an idle spell, `wake` when a sleeping
+        engine has work (`busy`: a request queued or running) or was asked to wake, or None."""
+        if self.asleep:
+            return "wake" if busy or self.wake_asked else None
+        if not busy and self.seconds_left() <= 0:
+            self.asleep = True
+            self.wake_asked = False
+            return "sleep"
+        return None
 
     def woke(self, error: BaseException | None = None) -> list[Future[None]]:
         """Leave sleep (or, with `error`, stay asleep); the waiters to resolve, outside the lock."""
@@ -88,6 +106,95 @@ class IdleSleep:
             self.asleep = False
             self.touch()
         return waiters
+
+
+class Sleeps:
+    """`sleeping` and `wake()` for an engine with `_sleep` (IdleSleep | None), its lock
+    `_cond` and `start()`."""
+
+    _sleep: IdleSleep | None
+    _cond: threading.Condition
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether the model is unloaded after an idle spell."""
+        return self._sleep is not None and self._sleep.asleep
+
+    def wake(self) -> Future[None]:
+        """Ask a sleeping engine to load its model again; the future resolves once it has
+        (at once when awake), or fails with the reload's error."""
+        if self._sleep is None:
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+        with self._cond:
+            future = self._sleep.ask_wake()
+            self._cond.notify_all()
+        self.start()
+        return future
+
+    def _idle_wait(self) -> bool:
+        """Under the lock, with nothing to run: wait for a notification or until a sleep
+        is due; False at once when a transition is due."""
+        timeout = self._sleep.wait_timeout() if self._sleep is not None else None
+        if timeout is not None and timeout <= 0:
+            return False
+        self._cond.wait(timeout)
+        return True
+
+    def _sleep_due(self, *, busy: bool) -> str | None:
+        """Under the lock: the transition due (IdleSleep.transition), None without sleep."""
+        return self._sleep.transition(busy=busy) if self._sleep is not None else None
+
+    def _before_unload(self) -> MemoryUse:
+        """Engine thread, about to drop the network: keep the memory admission's shapes
+        (estimated from the network) and note the memory in use."""
+        from mlxcel.engine.text.memory_budget import admission_for
+
+        before = memory_now()
+        try:
+            admission_for(self)
+        except Exception:  # noqa: BLE001 - then it is estimated again after the wake-up
+            log.exception("memory admission before sleeping failed")
+        return before
+
+    def _end_sleep(self) -> None:
+        """At stop: whoever waits for a wake-up hears that none will come."""
+        if self._sleep is None:
+            return
+        error = RuntimeError("the engine is shutting down")
+        with self._cond:
+            waiters = self._sleep.woke(error)
+        resolve(waiters, error)
+
+
+def report_sleep(log: logging.Logger, seconds: float, before: MemoryUse, extra: str = "") -> None:
+    """The one line logged when an engine fell asleep (memory before and now)."""
+    log.warning(
+        "mlxcel: sleeping after %g s idle: model unloaded (%s -> %s)%s",
+        seconds,
+        before.mib(),
+        memory_now().mib(),
+        extra,
+    )
+
+
+def report_wake(log: logging.Logger, started: float) -> None:
+    """The one line logged when an engine woke (`started`: time.perf_counter() before)."""
+    log.warning(
+        "mlxcel: awake: model reloaded in %.2f s (%s)",
+        time.perf_counter() - started,
+        memory_now().mib(),
+    )
+
+
+def reload_error(exc: BaseException) -> RuntimeError:
+    """What the requests that waited for a failed reload are told."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RuntimeError(f"reloading the model failed: {text}")
 
 
 def resolve(waiters: list[Future[None]], error: BaseException | None = None) -> None:

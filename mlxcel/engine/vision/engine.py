@@ -2,7 +2,9 @@
 
 One slot: requests run one after another on the engine thread (mlx-vlm's multimodal prefill
 is per sequence). Sampling, logits processors, grammar, stop strings, detokenization and the
-events are mlxcel's own, the same as in `TextEngine`.
+events are mlxcel's own, the same as in `TextEngine`. With `sleep=` the engine unloads the
+network after an idle spell and reloads it for the next request, as `TextEngine` does
+(`mlxcel.engine.text.sleep`); the processor and tokenizer stay.
 """
 
 from __future__ import annotations
@@ -13,13 +15,22 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.text.memory_budget import admit as admit_memory
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings, TokenLogprob
 from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, EventSink, SlotState
+from mlxcel.engine.text.sleep import (
+    IdleSleep,
+    Sleeps,
+    release_memory,
+    reload_error,
+    report_sleep,
+    report_wake,
+    resolve,
+)
 from mlxcel.engine.text.submission import iterate_events, token_budget
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
 from mlxcel.engine.vision.loader import LoadedVisionModel
@@ -48,7 +59,7 @@ class _Job:
     submitted: float = field(default_factory=time.perf_counter)
 
 
-class VisionEngine:
+class VisionEngine(Sleeps):
     """Generation over one mlx-vlm model, one request at a time."""
 
     flushes_sinks = False
@@ -61,6 +72,7 @@ class VisionEngine:
         context_per_slot: int | None = None,
         max_queue_depth: int = 64,
         max_images: int = 16,
+        sleep: IdleSleep | None = None,
     ) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
@@ -79,6 +91,7 @@ class VisionEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._prepare_lock = threading.Lock()
+        self._sleep = sleep  # sleeping on idle (`--sleep-idle-seconds`); None: never
 
     # ---------------------------------------------------------------- public API
 
@@ -101,6 +114,7 @@ class VisionEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        self._end_sleep()
 
     def check_media(self, inputs: VisionInputs) -> None:
         """Refuse media kinds this model does not take (InvalidRequestError, a 400)."""
@@ -178,6 +192,8 @@ class VisionEngine:
             if request.request_id in self._jobs:
                 raise InvalidRequestError(f"duplicate request id {request.request_id}")
             self._jobs[request.request_id] = job
+            if self._sleep is not None:
+                self._sleep.touch()
             heapq.heappush(self._pending, (int(request.priority), next(self._seq), job))
             self._cond.notify_all()
         self.start()
@@ -217,12 +233,23 @@ class VisionEngine:
             while True:
                 with self._cond:
                     while not self._stopping and not self._pending:
-                        self._cond.wait()
+                        if not self._idle_wait():
+                            break
                     if self._stopping:
                         for _, _, job in self._pending:
                             self._finish(job, "cancelled", Timings())
                         self._pending.clear()
                         return
+                    transition = self._sleep_due(busy=bool(self._pending))
+                if transition == "sleep":
+                    self._fall_asleep()
+                    continue
+                if transition == "wake":
+                    self._wake_up()
+                    continue
+                with self._cond:
+                    if not self._pending:
+                        continue
                     _, _, job = heapq.heappop(self._pending)
                     if job.request.request_id in self._cancelled:
                         self._cancelled.discard(job.request.request_id)
@@ -241,8 +268,44 @@ class VisionEngine:
                         self._running = None
                         self._cancelled.discard(job.request.request_id)
                         self._forget(job)
+                        if self._sleep is not None:
+                            self._sleep.touch()
+                    del job  # nothing of a finished request outlives it into a sleep
         finally:
             mx.clear_streams()
+
+    def _fall_asleep(self) -> None:
+        """Engine thread: free the network (the processor and tokenizer stay)."""
+        assert self._sleep is not None
+        before = self._before_unload()
+        self.loaded = replace(self.loaded, model=None)
+        release_memory()
+        report_sleep(log, self._sleep.seconds, before)
+
+    def _wake_up(self) -> None:
+        """Engine thread: load the network again; on failure the waiting requests fail and
+        the engine stays asleep."""
+        assert self._sleep is not None
+        started = time.perf_counter()
+        try:
+            self.loaded = replace(self.loaded, model=self._sleep.reload().model)
+        except Exception as exc:  # noqa: BLE001 - the server stays up, asleep
+            log.exception("reloading the model after sleeping failed")
+            error = reload_error(exc)
+            with self._cond:
+                jobs = [job for _, _, job in self._pending]
+                self._pending.clear()
+                for job in jobs:
+                    self._forget(job)
+                waiters = self._sleep.woke(error)
+            for job in jobs:
+                self._finish(job, "error", Timings(), error=str(error))
+            resolve(waiters, error)
+            return
+        with self._cond:
+            waiters = self._sleep.woke()
+        resolve(waiters)
+        report_wake(log, started)
 
     def _forget(self, job: _Job) -> None:
         self._jobs.pop(job.request.request_id, None)
