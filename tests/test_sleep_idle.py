@@ -379,3 +379,30 @@ def test_a_sleeping_vision_engine_holds_no_network(tmp_path: Path) -> None:
         assert not engine.sleeping
     finally:
         engine.stop()
+
+
+def test_idle_clock_and_transitions() -> None:
+    from mlxcel.engine.text.sleep import IdleSleep, Reloaded
+
+    now = [100.0]
+    sleep = IdleSleep(5, lambda: Reloaded(None), clock=lambda: now[0])
+    assert sleep.wait_timeout() == 5 and sleep.transition(busy=False) is None
+    now[0] += 4
+    sleep.touch()  # a request arrived or finished: the clock starts again
+    now[0] += 4
+    assert sleep.transition(busy=False) is None
+    now[0] += 2
+    assert sleep.transition(busy=True) is None  # a request in flight is never idle
+    assert sleep.transition(busy=False) == "sleep" and sleep.asleep
+    assert sleep.wait_timeout() is None  # asleep: wait until someone needs the model
+    woken = sleep.ask_wake()
+    assert not woken.done() and sleep.wait_timeout() == 0.0
+    assert sleep.transition(busy=False) == "wake"
+    failed = sleep.woke(RuntimeError("no disk"))
+    assert sleep.asleep and failed == [woken]
+    second = sleep.ask_wake()
+    assert sleep.woke() == [second] and not sleep.asleep
+    assert sleep.seconds_left() == 5  # awake again: the clock starts at the wake-up
+    assert sleep.ask_wake().result(0) is None  # awake: resolved at once
+    with pytest.raises(ValueError):
+        IdleSleep(0, lambda: Reloaded(None))
