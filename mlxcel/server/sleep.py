@@ -83,7 +83,7 @@ class WakeOnRequest:
             engine = self.engine()
             if (
                 engine is not None
-                and getattr(engine, "sleeping", False)
+                and getattr(engine, "sleeping", False) is True
                 and wakes_model(scope.get("method", "GET"), scope["path"], self.prefix)
                 and self._routed(scope)
             ):
