@@ -1,5 +1,5 @@
-"""Sleeping on idle (`--sleep-idle-seconds`): the text engine frees its model after a quiet
-spell and loads it again for the next request that needs it.
+"""Sleeping on idle (`--sleep-idle-seconds`): an engine (`TextEngine`, `VisionEngine`) frees
+its model after a quiet spell and loads it again for the next request that needs it.
 
 `IdleSleep` is the state the engine keeps under its lock: when the last request finished,
 whether the engine sleeps, and who waits for it to wake. The engine thread does both
@@ -8,8 +8,8 @@ transitions itself, so MLX work stays on the thread that owns the model:
 - asleep: no request queued or running for `seconds` since the last one finished (a
   streaming request holds its slot, so it is never idle); the engine drops the network,
   its batch generator (the KV caches), the draft model and the prompt cache, then asks MLX
-  to return its buffer cache; the tokenizer and the model's facts stay, they are small and
-  `/props` reports them while asleep;
+  to return its buffer cache; the tokenizer (a vision model's processor) and the model's
+  facts stay, they are small and `/props` reports them while asleep;
 - awake: a request is queued, or someone called `TextEngine.wake()`; the engine runs
   `reload` (supplied by whoever built it: the server reloads from its settings) before
   it admits anything, so every request that arrived meanwhile waits for that one reload.
