@@ -158,7 +158,7 @@ def test_auto_policy_runs_quantized_layers_on_the_kernel(
         b = np.array(widened.model(mx.array([ids])))
         if quant == "Q4_1" and kernels.int8():
             # x rounded to 8 bits at every layer: by the kernel (decode) or, for the float32
-            # copy (prefill), by `round_like_int8`
+            # copy (prefill), by the kernel's `round_int8`
             rms = np.sqrt(((a - b) ** 2).mean() / (b**2).mean())
             assert rms < 2e-2
         else:
@@ -494,3 +494,15 @@ def test_served_float_batch_equals_each_request_alone(
     together equal the same prompts decoded one at a time."""
     alone, together = _served_alone_and_together(["-m", str(tiny_llama_dir), "-np", "4"])
     assert together == alone
+
+
+def test_round_int8_rounds_as_the_kernel_does(kernels: ModuleType) -> None:
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 7, 96)).astype(np.float32)
+    x[0, 0, :32] = 0.0  # an all-zero block stays zero
+    x[1, 2, 5] = 40.0  # one large value sets its block's step
+    got = np.array(kernels.round_int8(mx.array(x)))
+    assert np.array_equal(got, _rounded_x(x.reshape(-1, 96)).reshape(x.shape))
+    assert not got[0, 0, :32].any()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.round_int8(mx.array(x[..., :40]))

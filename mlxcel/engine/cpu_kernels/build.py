@@ -229,7 +229,7 @@ def _self_test(module: ModuleType) -> None:
 def int8_enabled() -> bool:
     """False when `MLXCEL_KERNEL_INT8=off` keeps float32 activations; by default 4-bit
     matmuls round activations to int8 where the CPU has integer dot products (AVX-512 VNNI),
-    and prefill through the float32 copy rounds them the same way (`layers.round_like_int8`)."""
+    and prefill through the float32 copy rounds them the same way (the kernel's `round_int8`)."""
     value = os.environ.get(INT8_ENV, "auto").strip().lower()
     return value not in ("off", "0", "false", "no", "none")
 

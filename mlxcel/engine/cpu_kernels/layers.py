@@ -14,9 +14,9 @@ each weight row read once for all rows, where a BLAS GEMM packs the whole matrix
 larger ones on BLAS as before (`use_dense_kernels`).
 
 When the kernel rounds 4-bit layers' activations to int8 (AVX-512 VNNI), the float32 copy
-is fed the same rounded activations, so a prompt gets the same numbers (up to float32
-summation order) whether its rows go to the kernel (prefilled alone) or to BLAS (prefilled
-with other prompts, more rows).
+is fed the same rounded activations (the kernel's `round_int8` op), so a prompt gets the
+same numbers (up to float32 summation order) whether its rows go to the kernel (prefilled
+alone) or to BLAS (prefilled with other prompts, more rows).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _kernel_matmul(
     rows = x.size // x.shape[-1] if x.shape[-1] else 0
     if dense is not None and rows > KERNEL_MAX_ROWS:
         if layer.bits == 4 and kernels.int8():
-            x = round_like_int8(x)
+            x = kernels.round_int8(x)
         return x @ dense.T
     out: mx.array = kernels.quantized_matmul(
         x, layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits
@@ -71,16 +71,6 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return _kernel_matmul(self.kernels, x, self, self.get("dense"))
-
-
-def round_like_int8(x: mx.array) -> mx.array:
-    """`x` rounded as the kernel's int8 path rounds it: each 32 values scaled by 127 / their
-    largest magnitude, rounded half to even, scaled back (the last axis is a multiple of 32)."""
-    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
-    amax = mx.max(mx.abs(blocks), axis=-1, keepdims=True)
-    inv = mx.where(amax > 0, 127.0 / mx.maximum(amax, 1e-30), 0.0)
-    rounded = mx.round(blocks * inv) * (amax / 127.0)
-    return rounded.reshape(x.shape)
 
 
 class KernelLinear(nn.Linear):
