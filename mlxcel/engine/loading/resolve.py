@@ -62,26 +62,25 @@ def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
 
     if policy == "keep" or mx.default_device() != mx.cpu:
         return
-    if policy == "auto":
-        _use_rope_kernel(loaded)
+    kernels = _cpu_kernels(threads) if policy == "auto" else None
+    if kernels is not None:
+        from mlxcel.engine.cpu_kernels.layers import use_rope_kernel
+
+        use_rope_kernel(loaded.model, kernels)  # MLX's CPU rope recomputes every angle
+        if kernels.simd == "scalar":
+            kernels = None  # the portable matmuls are not faster than float32 BLAS (no SIMD)
     if not _is_quantized(loaded.model):
-        if policy == "auto":
-            _use_dense_kernels(loaded, threads)
+        if kernels is not None:
+            _use_dense_kernels(loaded, kernels)
         return
     fits = _float32_fits(loaded)
-    if policy == "auto":
-        from mlxcel.engine.cpu_kernels.build import load_kernels
+    if kernels is not None:
         from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
 
-        kernels = load_kernels()
-        if kernels is not None and kernels.simd == "scalar":
-            kernels = None  # the portable path is not faster than float32 BLAS (no SIMD here)
         # The float32 copy only pays for prefill on a real BLAS; MLX's bundled reference BLAS
         # is slower than the kernel at any size.
         dense = fits and _fast_blas()
-        if kernels is not None and threads > 0:
-            kernels.set_threads(threads)
-        if kernels is not None and use_cpu_kernels(loaded.model, kernels, dense=dense):
+        if use_cpu_kernels(loaded.model, kernels, dense=dense):
             note = " + float32 for prefill" if dense else ""
             quant = f"{loaded.info.quantization} (mlxcel CPU kernel{note})"
             loaded.info = _with(loaded.info, quantization=quant)
@@ -91,26 +90,20 @@ def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
         loaded.info = _with(loaded.info, quantization=f"{loaded.info.quantization} → float32")
 
 
-def _use_rope_kernel(loaded: LoadedModel) -> None:
-    """Rotary embeddings on the CPU kernel (MLX's CPU rope recomputes every angle)."""
+def _cpu_kernels(threads: int) -> Any:
+    """mlxcel's CPU kernel module with `threads` (> 0) set, or None where it is unavailable."""
     from mlxcel.engine.cpu_kernels.build import load_kernels
-    from mlxcel.engine.cpu_kernels.layers import use_rope_kernel
 
     kernels = load_kernels()
-    if kernels is not None:
-        use_rope_kernel(loaded.model, kernels)
+    if kernels is not None and threads > 0:
+        kernels.set_threads(threads)
+    return kernels
 
 
-def _use_dense_kernels(loaded: LoadedModel, threads: int) -> None:
+def _use_dense_kernels(loaded: LoadedModel, kernels: Any) -> None:
     """A float32 model's few-row matmuls (decode, batched decode) on the CPU kernel."""
-    from mlxcel.engine.cpu_kernels.build import load_kernels
     from mlxcel.engine.cpu_kernels.layers import use_dense_kernels
 
-    kernels = load_kernels()
-    if kernels is None or kernels.simd == "scalar":
-        return
-    if threads > 0:
-        kernels.set_threads(threads)
     if use_dense_kernels(loaded.model, kernels):
         quant = loaded.info.quantization
         name = "float32" if quant in ("", "none") else quant
