@@ -15,8 +15,10 @@ import pytest
 from mlxcel.engine.cpu_kernels import build
 from mlxcel.engine.cpu_kernels.layers import (
     KERNEL_MAX_ROWS,
+    KernelPackedLinear,
     KernelQuantizedEmbedding,
     KernelQuantizedLinear,
+    pack_int8,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -148,11 +150,17 @@ def test_auto_policy_runs_quantized_layers_on_the_kernel(
     gguf = write_tiny_gguf(tiny_llama_dir, tmp_path / f"tiny.{quant}.gguf", quant)
     auto = load_model(str(gguf), cpu_dtype="auto")
     widened = load_model(str(gguf), cpu_dtype="float32")
-    assert _count(auto.model, KernelQuantizedLinear) > 0
+    tiled = _count(auto.model, KernelPackedLinear)
+    if quant == "Q4_1" and kernels.int8():
+        # GGUF's float16 scales fit the int8 tiles exactly: every 4-bit layer is tiled
+        assert tiled > 0 and _count(auto.model, KernelQuantizedLinear) == 0
+        assert "int8 tiles" in auto.info.quantization
+    else:
+        assert tiled == 0 and _count(auto.model, KernelQuantizedLinear) > 0
     assert "mlxcel CPU kernel" in auto.info.quantization
     assert auto.info.num_parameters == widened.info.num_parameters
     tokens = auto.tokenizer.encode("hello world, the quick brown fox")
-    # one row (decode, the kernel) and many rows (prefill, the float32 copy) both agree
+    # one row (decode) and many rows (prefill: the tiles, or the float32 copy) both agree
     for ids in (tokens[:1], (tokens * 4)[: KERNEL_MAX_ROWS + 5]):
         a = np.array(auto.model(mx.array([ids])))
         b = np.array(widened.model(mx.array([ids])))
@@ -165,23 +173,31 @@ def test_auto_policy_runs_quantized_layers_on_the_kernel(
             np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)
 
 
-def test_prefill_copy_rounds_like_the_int8_kernel(
-    kernels: ModuleType, tiny_llama_dir: Path, tmp_path: Path
-) -> None:
-    """More than KERNEL_MAX_ROWS rows go to the float32 copy; with the int8 path on they are
-    rounded first, so they agree with the kernel's integer products up to float32 summation
-    (what keeps a prompt's numbers the same prefilled alone or in a batch)."""
-    from fixtures.tiny_models import write_tiny_gguf
+def _not_half_exact_layer(kernels: ModuleType, k: int = 96, n: int = 40) -> nn.Module:
+    """A 4-bit layer whose float32 scales are not exact in float16: it keeps MLX's layout
+    (the tiles store float16) and, with `dense`, a float32 copy for prefill."""
+    from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
 
+    model = nn.Sequential(nn.Linear(k, n, bias=False))
+    model.layers[0].weight = mx.random.normal((n, k), key=mx.random.key(1))
+    nn.quantize(model, group_size=32, bits=4)
+    layer = model.layers[0]
+    layer.scales = layer.scales.astype(mx.float32) * (1 + 2**-20)
+    layer.biases = layer.biases.astype(mx.float32)
+    assert use_cpu_kernels(model, kernels, dense=True) == 1
+    return model.layers[0]
+
+
+def test_prefill_copy_rounds_like_the_int8_kernel(kernels: ModuleType) -> None:
+    """More than KERNEL_MAX_ROWS rows of an untiled layer go to the float32 copy; with the
+    int8 path on they are rounded first, so they agree with the kernel's integer products up
+    to float32 summation (a prompt's numbers are the same prefilled alone or in a batch)."""
     from mlxcel.engine.cpu_kernels.layers import _kernel_matmul
-    from mlxcel.engine.loading import load_model
 
     if not kernels.int8():
         pytest.skip("this CPU has no AVX-512 VNNI: the kernel keeps float32 activations")
-    gguf = write_tiny_gguf(tiny_llama_dir, tmp_path / "tiny.Q4_1.gguf", "Q4_1")
-    loaded = load_model(str(gguf), cpu_dtype="auto")
-    layer = next(m for _, m in loaded.model.named_modules() if isinstance(m, KernelQuantizedLinear))
-    assert layer.get("dense") is not None
+    layer = _not_half_exact_layer(kernels)
+    assert isinstance(layer, KernelQuantizedLinear) and layer.get("dense") is not None
     k = layer.weight.shape[-1] * 32 // layer.bits
     x = mx.random.normal((1, KERNEL_MAX_ROWS + 7, k), key=mx.random.key(3))
     via_copy = np.array(_kernel_matmul(kernels, x, layer, layer["dense"]))
@@ -193,6 +209,97 @@ def test_prefill_copy_rounds_like_the_int8_kernel(
     np.testing.assert_allclose(via_copy, via_kernel, atol=1e-4, rtol=1e-4)
     unrounded = np.array(x @ layer["dense"].T)
     assert np.abs(unrounded - via_kernel).max() > 10 * np.abs(via_copy - via_kernel).max()
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "group"),
+    [(1536, 576, 32), (577, 576, 32), (130, 160, 32), (576, 1536, 64), (7, 96, 32), (9, 512, 128)],
+)
+def test_int8_tiles_equal_the_int8_kernel_bit_for_bit(
+    kernels: ModuleType, n: int, k: int, group: int
+) -> None:
+    """The tiled weight gives exactly the int8 kernel's numbers on MLX's layout (N not a
+    multiple of the 4-row tile, K not a multiple of the 128-value chunk, groups of 32 to
+    128), for 1 to 70 rows, and each row equals that row computed alone."""
+    if not kernels.int8():
+        pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
+    packed, scales, biases, _ = _weights(n, k, 4, group, seed=n)
+    scales = scales.astype(mx.float16).astype(mx.float32)
+    biases = biases.astype(mx.float16).astype(mx.float32)
+    tiles = pack_int8(packed, scales, biases, group)
+    assert tiles.shape == ((n + 3) // 4, (k // 32 + 3) // 4, 320)
+    for m in (1, 3, 4, 17, 70):
+        x = mx.random.normal((m, k), key=mx.random.key(m))
+        got = np.array(kernels.packed_matmul(x, tiles, n))
+        want = np.array(kernels.quantized_matmul(x, packed, scales, biases, group, 4))
+        assert np.array_equal(got, want)
+        alone = np.array(kernels.packed_matmul(x[-1:], tiles, n))
+        assert np.array_equal(alone[0], got[-1])
+
+
+def test_int8_tiles_reject_a_mismatched_weight(kernels: ModuleType) -> None:
+    if not kernels.int8():
+        pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
+    packed, scales, biases, _ = _weights(8, 64, 4, 32)
+    tiles = pack_int8(packed, scales.astype(mx.float32), biases.astype(mx.float32), 32)
+    with pytest.raises(ValueError, match="packed weight"):
+        kernels.packed_matmul(mx.zeros((1, 256)), tiles, 8)  # K of 2 chunks, tiles hold 1
+    with pytest.raises(ValueError, match="packed weight"):
+        kernels.packed_matmul(mx.zeros((1, 64)), tiles, 12)  # more rows than the tiles hold
+    with pytest.raises(ValueError, match="float32"):
+        kernels.packed_matmul(mx.zeros((1, 64), dtype=mx.float16), tiles, 8)
+
+
+def test_untiled_layers_keep_their_layout(kernels: ModuleType) -> None:
+    """Scales float16 cannot hold exactly, and 8-bit layers, stay on MLX's layout."""
+    from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
+
+    assert isinstance(_not_half_exact_layer(kernels), KernelQuantizedLinear)
+    model = nn.Sequential(nn.Linear(64, 16))
+    nn.quantize(model, group_size=32, bits=8)
+    assert use_cpu_kernels(model, kernels, dense=False) == 1
+    assert isinstance(model.layers[0], KernelQuantizedLinear)
+
+
+def test_tiled_layer_keeps_its_bias_and_repr(kernels: ModuleType) -> None:
+    from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
+
+    if not kernels.int8():
+        pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
+    model = nn.Sequential(nn.Linear(64, 10))
+    nn.quantize(model, group_size=32, bits=4)
+    layer = model.layers[0]
+    layer.scales = layer.scales.astype(mx.float16)  # as GGUF stores them
+    layer.biases = layer.biases.astype(mx.float16)
+    layer.bias = mx.arange(10, dtype=mx.float32)
+    x = mx.random.normal((2, 64), key=mx.random.key(5))
+    want = np.array(layer(x))
+    assert use_cpu_kernels(model, kernels, dense=True) == 1
+    tiled = model.layers[0]
+    assert isinstance(tiled, KernelPackedLinear) and "weight" not in tiled
+    assert "dense" not in tiled  # the tiles serve prefill too: no float32 copy
+    got = np.array(tiled(x))
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+    assert "input_dims=64, output_dims=10" in repr(model)
+
+
+def test_rms_norm_op_matches_mlx(kernels: ModuleType) -> None:
+    from mlxcel.engine.cpu_kernels.layers import KernelRMSNorm, use_norm_kernel
+
+    model = nn.Sequential(nn.RMSNorm(96, eps=1e-5), nn.RMSNorm(40, eps=1e-6))
+    model.layers[0].weight = mx.random.normal((96,), key=mx.random.key(2))
+    xs = [mx.random.normal((3, 5, 96), key=mx.random.key(3)), mx.random.normal((2, 40))]
+    want = [np.array(model.layers[0](xs[0])), np.array(model.layers[1](xs[1]))]
+    assert use_norm_kernel(model, kernels) == 2
+    assert isinstance(model.layers[0], KernelRMSNorm)
+    np.testing.assert_allclose(np.array(model.layers[0](xs[0])), want[0], atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(np.array(model.layers[1](xs[1])), want[1], atol=2e-6, rtol=1e-5)
+    # not float32: MLX's own rms_norm
+    half = xs[1].astype(mx.float16)
+    expected = mx.fast.rms_norm(half, model.layers[1].weight, 1e-6)
+    assert mx.array_equal(model.layers[1](half), expected)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.rms_norm(xs[1], mx.ones((41,)), 1e-5)
 
 
 def test_tied_head_uses_the_kernel_and_decode_matches_batch(

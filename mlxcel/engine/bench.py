@@ -481,13 +481,21 @@ def _weights(model: Any) -> tuple[int, int]:
         for name, module in model.named_modules()
         if isinstance(getattr(module, "bits", None), int) and hasattr(module, "scales")
     }
+    # 4-bit layers the CPU kernel holds in its int8 tiles only (cpu_kernels.layers)
+    tiled = {
+        name: int(module.out_features) * int(module.in_features)
+        for name, module in model.named_modules()
+        if "packed" in module
+    }
     size = 0
     n_params = 0
     leaves: Any = tree_flatten(model.parameters())
     for path, value in leaves:
         size += int(value.nbytes)
         owner, _, leaf = path.rpartition(".")
-        if owner in bits:
+        if owner in tiled and leaf == "packed":
+            n_params += tiled[owner]
+        elif owner in bits:
             if leaf == "weight":
                 n_params += int(value.size) * 32 // bits[owner]
             elif leaf not in ("scales", "biases", "dense"):  # dense: a float32 copy

@@ -1,22 +1,28 @@
-"""Quantized layers that run their small matmuls on mlxcel's CPU kernel.
+"""Quantized layers that run their matmuls on mlxcel's CPU kernel.
 
 `use_cpu_kernels(model)` swaps every affine 4/8-bit `QuantizedLinear` (and the
-`QuantizedEmbedding` a tied LM head reads through `as_linear`) for a subclass that sends
-matmuls of up to `KERNEL_MAX_ROWS` rows (decode steps, batched decode, speculative verify
-rounds) to the kernel. Larger matmuls (prefill) use a float32 copy of the weight when one
-was made (faster there: BLAS GEMM), else the kernel as well. The kernel computes every row
-with the same order of operations whatever the number of rows, so a sequence decodes to
-the same logits alone or in a batch of up to `KERNEL_MAX_ROWS`.
+`QuantizedEmbedding` a tied LM head reads through `as_linear`) for a subclass on the kernel.
+
+Where the CPU has AVX-512 VNNI (the int8 path), a 4-bit linear layer whose scales and
+biases are exact in float16 (GGUF's always are) becomes a `KernelPackedLinear`: its weight
+is repacked once into the kernel's int8 tiles (`pack_int8`: every 4 rows stored chunk by
+chunk with their float16 block scales, one sequential stream) and MLX's three arrays are
+dropped. Every matmul of that layer, a decode step or a 512-row prefill, runs on the tiles
+with int8 activations, each tile read once per call while every row of x passes over it;
+a row's result is therefore the same whatever else shares the call.
+
+Other quantized layers keep MLX's layout: matmuls of up to `KERNEL_MAX_ROWS` rows run on
+the kernel, larger ones on a float32 copy of the weight when one was made (a BLAS GEMM),
+else the kernel as well. The kernel computes every row with the same order of operations
+whatever the number of rows. When the kernel rounds 4-bit activations to int8, the float32
+copy is fed the same rounded activations (the kernel's `round_int8`), so a prompt gets the
+same numbers (up to float32 summation order) on either path.
 
 Float32 models get the same treatment for their `nn.Linear` layers (and a tied LM head):
 matmuls of up to `DENSE_MAX_ROWS` rows run on the kernel's float32 path (`dense_matmul`,
 each weight row read once for all rows, where a BLAS GEMM packs the whole matrix first),
-larger ones on BLAS as before (`use_dense_kernels`).
-
-When the kernel rounds 4-bit layers' activations to int8 (AVX-512 VNNI), the float32 copy
-is fed the same rounded activations (the kernel's `round_int8` op), so a prompt gets the
-same numbers (up to float32 summation order) whether its rows go to the kernel (prefilled
-alone) or to BLAS (prefilled with other prompts, more rows).
+larger ones on BLAS as before (`use_dense_kernels`). `nn.RoPE` and `nn.RMSNorm` modules run
+as one kernel op each (MLX's CPU versions are several ops, which dominate a small decode).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 # Above this many rows a float32 GEMM beats the kernel (measured on a 2-core AVX-512 box:
 # kernel 1.2x at 16 rows, 0.8-0.9x at 64).
@@ -62,6 +69,30 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         if "bias" in self:
             y = y + self["bias"]
         return y
+
+
+class KernelPackedLinear(nn.QuantizedLinear):
+    """A 4-bit `nn.QuantizedLinear` whose weight lives only in the int8 kernel's packed tiles
+    (`pack_int8`): every matmul, decode step or prefill, runs on the kernel's int8 path, so a
+    row's result never depends on how many rows share the call."""
+
+    kernels: ModuleType
+    out_features: int
+    in_features: int
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            x = x.astype(mx.float32)
+        y: mx.array = self.kernels.packed_matmul(x, self["packed"], self.out_features)
+        if "bias" in self:
+            y = y + self["bias"]
+        return y
+
+    def _extra_repr(self) -> str:
+        return (
+            f"input_dims={self.in_features}, output_dims={self.out_features}, "
+            f"bias={'bias' in self}, group_size={self.group_size}, bits={self.bits}, int8 tiles"
+        )
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
@@ -116,16 +147,40 @@ class KernelRoPE(nn.RoPE):
         return out
 
 
-def use_rope_kernel(model: nn.Module, kernels: ModuleType) -> int:
-    """Switch `model`'s plain `nn.RoPE` modules (not the scaled variants) to `KernelRoPE`.
-    Returns how many changed."""
+class KernelRMSNorm(nn.RMSNorm):
+    """`nn.RMSNorm` on the kernel's one-op rms norm (float32 input), where MLX's CPU
+    rms_norm runs several ops."""
+
+    kernels: ModuleType
+
+    def __call__(self, x: mx.array) -> mx.array:
+        weight = self["weight"]
+        if x.dtype != mx.float32 or weight.dtype != mx.float32:
+            return super().__call__(x)
+        out: mx.array = self.kernels.rms_norm(x, weight, float(self.eps))
+        return out
+
+
+def _swap_exact(model: nn.Module, kernels: ModuleType, kind: type, to: type) -> int:
+    """Switch every module of exactly type `kind` (not a subclass) to `to`; how many."""
     changed = 0
     for _, module in model.named_modules():
-        if type(module) is nn.RoPE:
-            module.__class__ = KernelRoPE
+        if type(module) is kind:
+            module.__class__ = to
             module.kernels = kernels
             changed += 1
     return changed
+
+
+def use_norm_kernel(model: nn.Module, kernels: ModuleType) -> int:
+    """Switch `model`'s plain `nn.RMSNorm` modules to `KernelRMSNorm`. Returns how many."""
+    return _swap_exact(model, kernels, nn.RMSNorm, KernelRMSNorm)
+
+
+def use_rope_kernel(model: nn.Module, kernels: ModuleType) -> int:
+    """Switch `model`'s plain `nn.RoPE` modules (not the scaled variants) to `KernelRoPE`.
+    Returns how many changed."""
+    return _swap_exact(model, kernels, nn.RoPE, KernelRoPE)
 
 
 def use_dense_kernels(model: nn.Module, kernels: ModuleType) -> int:
@@ -158,12 +213,69 @@ def supports(module: Any) -> bool:
     return bits in (4, 8) and group_size % 32 == 0 and in_features % group_size == 0
 
 
+# Bytes of one chunk (128 values of K) of a 4-row tile: 4 x 64 weight bytes, then the 4 rows'
+# 4 block scales and 4 block biases as float16 (the kernel's kTileChunkBytes).
+_TILE_ROWS = 4
+_CHUNK_BYTES = _TILE_ROWS * 64 + 2 * _TILE_ROWS * 4 * 2
+
+
+def pack_int8(weight: mx.array, scales: mx.array, biases: mx.array, group_size: int) -> mx.array:
+    """A 4-bit affine weight ([N, K / 8] uint32, [N, K / group_size] scales and biases) in the
+    int8 kernel's tiles: [ceil(N / 4), ceil(K / 128), 320] uint8, zero-padded. Scales and
+    biases are stored as float16 per 32-value block."""
+    n = int(weight.shape[0])
+    k = int(weight.shape[1]) * 8
+    blocks = k // 32
+    chunks = (blocks + 3) // 4
+    tiles = (n + _TILE_ROWS - 1) // _TILE_ROWS
+
+    def tiled(values: np.ndarray) -> np.ndarray:
+        """[tiles * 4, chunks * width] -> [tiles, chunks, 4 * width] bytes."""
+        width = values.shape[1] // chunks
+        shaped = values.reshape(tiles, _TILE_ROWS, chunks, width).transpose(0, 2, 1, 3)
+        return np.ascontiguousarray(shaped).reshape(tiles, chunks, -1).view(np.uint8)
+
+    rows = np.zeros((tiles * _TILE_ROWS, chunks * 64), np.uint8)
+    rows[:n, : k // 2] = np.asarray(weight).view(np.uint8).reshape(n, k // 2)
+    parts = [tiled(rows)]
+    for values in (scales, biases):
+        per_block = np.repeat(np.asarray(values.astype(mx.float32)), group_size // 32, axis=1)
+        padded = np.zeros((tiles * _TILE_ROWS, chunks * 4), np.float16)
+        padded[:n, :blocks] = per_block
+        parts.append(tiled(padded))
+    return mx.array(np.concatenate(parts, axis=2))
+
+
+def _packable(module: Any, kernels: ModuleType) -> bool:
+    """A 4-bit linear layer the int8 kernel can hold packed: the CPU has the int8 path and
+    its scales and biases are exact in float16 (GGUF's always are)."""
+    if not kernels.int8() or isinstance(module, nn.QuantizedEmbedding) or module.bits != 4:
+        return False
+    for name in ("scales", "biases"):
+        values = module[name]
+        if not bool(mx.array_equal(values.astype(mx.float16).astype(values.dtype), values)):
+            return False
+    return True
+
+
 def use_cpu_kernels(model: nn.Module, kernels: ModuleType, *, dense: bool) -> int:
     """Switch the supported quantized layers of `model` to the kernel; with `dense`, also
     keep a float32 copy of each weight for prefill. Returns how many layers changed."""
     changed = 0
     for _, module in model.named_modules():
         if not supports(module):
+            continue
+        if _packable(module, kernels):
+            module["packed"] = pack_int8(
+                module["weight"], module["scales"], module["biases"], int(module.group_size)
+            )
+            module.out_features = int(module["weight"].shape[0])
+            module.in_features = int(module["weight"].shape[1]) * 32 // int(module.bits)
+            for name in ("weight", "scales", "biases"):
+                del module[name]
+            module.__class__ = KernelPackedLinear
+            module.kernels = kernels
+            changed += 1
             continue
         scales = module["scales"]
         if scales.dtype != mx.float32:

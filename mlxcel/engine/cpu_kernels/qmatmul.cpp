@@ -520,8 +520,121 @@ void run_rows_int8(
       break;
   }
 }
+
+// ---------------------------------------------------------------------------------------
+// Packed 4-bit weights for the int8 path (pack_int8 in layers.py builds them once at load).
+// MLX's layout keeps weights, scales and biases in three arrays (three memory streams per
+// row, float32 scales read in separate cache lines); decoding reads them at a third of the
+// machine's bandwidth. Here every 4 weight rows form a tile, stored chunk by chunk (128
+// values of K): the 4 rows' 64 weight bytes, then their 4 block scales and 4 block biases
+// as float16 (a group of 64 or more repeats its scale per 32-block), 320 bytes in all, so a
+// tile is one sequential stream and a whole tile stays in L1 while many x rows pass over it.
+// K is padded to whole chunks and N to whole tiles with zeros, which add exactly nothing.
+// Each (x row, weight row) pair gets the same operations in the same order as int8_tile
+// above, whatever the number of x rows: results are bit-identical to that kernel's.
+
+constexpr int64_t kTileRows = 4;
+constexpr int64_t kTileChunkBytes = kTileRows * 64 + 2 * kTileRows * 4 * 2;  // 320
+
+// One weight row of a tile (or, with ROWS = 4, all four at once: one x row decoding
+// reads the tile as one stream) against MB rows of x.
+template <int MB, int ROWS>
+inline void packed_pass(const uint8_t* tile, const Prepared& p, int64_t chunks, int64_t m0,
+                        int r0, int64_t N, float* out, int64_t n, int64_t rows) {
+  __m512 total[ROWS][MB];
+  for (int i = 0; i < ROWS; ++i)
+    for (int m = 0; m < MB; ++m) total[i][m] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  // Lane l of a row's step belongs to block l / 4.
+  const __m512i first = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  const int8_t* xq = p.xq.data() + m0 * chunks * 128;
+  const float* dx = p.dx.data() + m0 * chunks * 16;
+  const float* qsum = p.qsum.data() + m0 * chunks * 16;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint8_t* at = tile + c * kTileChunkBytes;
+    for (int i = 0; i < ROWS; ++i) {
+      const int r = r0 + i;
+      const __m512i wq = _mm512_loadu_si512(at + 64 * r);
+      const __m512i lo = _mm512_and_si512(wq, nibble);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
+      // Row r's 4 float16 scales (and biases): 8 bytes, widened and spread 4 lanes each.
+      const __m512 s = _mm512_permutexvar_ps(
+          first, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(
+                     reinterpret_cast<const __m128i*>(at + kTileRows * 64 + 8 * r)))));
+      const __m512 bias = _mm512_permutexvar_ps(
+          first, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(
+                     reinterpret_cast<const __m128i*>(at + kTileRows * 64 + 32 + 8 * r)))));
+      for (int m = 0; m < MB; ++m) {
+        const int8_t* xm = xq + m * chunks * 128 + c * 128;
+        const int64_t off = m * chunks * 16 + c * 16;
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xm));
+        dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(xm + 64));
+        total[i][m] = _mm512_fmadd_ps(bias, _mm512_loadu_ps(qsum + off), total[i][m]);
+        total[i][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                      _mm512_mul_ps(s, _mm512_loadu_ps(dx + off)), total[i][m]);
+      }
+    }
+  }
+  for (int i = 0; i < ROWS; ++i) {
+    if (r0 + i >= rows) break;
+    for (int m = 0; m < MB; ++m) {
+      out[(m0 + m) * N + n + r0 + i] = _mm512_reduce_add_ps(total[i][m]);
+    }
+  }
+}
+
+template <int MB>
+inline void packed_tile(const uint8_t* tile, const Prepared& p, int64_t chunks, int64_t m0,
+                        int64_t N, float* out, int64_t n) {
+  const int64_t rows = std::min<int64_t>(kTileRows, N - n);
+  if (MB == 1) {
+    packed_pass<MB, kTileRows>(tile, p, chunks, m0, 0, N, out, n, rows);
+    return;
+  }
+  for (int r = 0; r < rows; ++r) packed_pass<MB, 1>(tile, p, chunks, m0, r, N, out, n, rows);
+}
+
+// Tiles [t_begin, t_end) against all M rows of x: each tile is read from memory once and
+// every x row passes over it while it sits in L1.
+void packed_rows(const uint8_t* packed, const Prepared& p, int64_t M, int64_t chunks,
+                 int64_t N, float* out, int64_t t_begin, int64_t t_end) {
+  const int64_t tile_bytes = chunks * kTileChunkBytes;
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint8_t* tile = packed + t * tile_bytes;
+    if (t + 1 < t_end) {
+      // The next tile, while this one computes: its rows are read one by one below, which
+      // the hardware prefetcher does not follow.
+      for (int64_t b = 0; b < tile_bytes; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(tile + tile_bytes + b), _MM_HINT_T0);
+      }
+    }
+    const int64_t n = t * kTileRows;
+    int64_t m0 = 0;
+    for (; m0 + 4 <= M; m0 += 4) packed_tile<4>(tile, p, chunks, m0, N, out, n);
+    switch (M - m0) {
+      case 3: packed_tile<3>(tile, p, chunks, m0, N, out, n); break;
+      case 2: packed_tile<2>(tile, p, chunks, m0, N, out, n); break;
+      case 1: packed_tile<1>(tile, p, chunks, m0, N, out, n); break;
+      default: break;
+    }
+  }
+}
+
+void packed_matmul_rows(const float* x, const uint8_t* packed, float* out, int64_t M,
+                        int64_t K, int64_t N) {
+  thread_local Prepared buffer;
+  Prepared& p = buffer;
+  const int64_t chunks = int8_chunks(K);
+  prepare_int8(p, x, M, K, 32);
+  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  RowPool::instance().run(tiles * kTileRows, M * N * K, [&](int64_t begin, int64_t end) {
+    packed_rows(packed, p, M, chunks, N, out, begin / kTileRows, end / kTileRows);
+  });
+}
+#define MLXCEL_PACKED 1
 #else
 #define MLXCEL_INT8 ""
+#define MLXCEL_PACKED 0
 #endif
 
 template <int BITS>
@@ -905,6 +1018,79 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
 }
 
 // ---------------------------------------------------------------------------------------
+// RMS norm (nn.RMSNorm: x * rsqrt(mean(x^2) + eps) * w), one op. MLX's CPU rms_norm is
+// several ops (about 23 us for a decode step's 576 values, against 4 us for one
+// elementwise op); a decode step runs two per layer. Each row is summed in a fixed order.
+
+void rms_rows(const float* x, const float* w, float* out, int64_t rows, int64_t D, float eps) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = x + i * D;
+    float* o = out + i * D;
+    int64_t j = 0;
+    Vec acc = vzero();
+    for (; j + kWidth <= D; j += kWidth) {
+      const Vec v = vload(xr + j);
+      acc = vfma(v, v, acc);
+    }
+    float ss = hsum(acc);
+    for (; j < D; ++j) ss += xr[j] * xr[j];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+    for (j = 0; j < D; ++j) o[j] = xr[j] * r * w[j];
+  }
+}
+
+class CpuRmsNorm : public mx::Primitive {
+ public:
+  CpuRmsNorm(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    mx::array& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    encoder.set_input_array(inputs[0]);
+    encoder.set_input_array(inputs[1]);
+    encoder.set_output_array(out);
+    Operand xo = Operand::of(inputs[0]);
+    Operand wo = Operand::of(inputs[1]);
+    const int64_t D = inputs[0].shape(-1);
+    encoder.dispatch([xo = std::move(xo), wo = std::move(wo), op = out.data<float>(), D,
+                      n = static_cast<int64_t>(out.size()), eps = eps_]() {
+      std::vector<uint32_t> tmp[2];
+      const float* x = static_cast<const float*>(xo.contiguous(tmp[0]));
+      const float* w = static_cast<const float*>(wo.contiguous(tmp[1]));
+      rms_rows(x, w, op, D == 0 ? 0 : n / D, D, eps);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxcel's rms norm kernel runs on the CPU only");
+  }
+
+  const char* name() const override { return "MlxcelCpuRmsNorm"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuRmsNorm*>(&other);
+    return o != nullptr && o->eps_ == eps_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float eps_;
+};
+
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
+  if (x.ndim() < 1 || x.dtype() != mx::float32 || w.dtype() != mx::float32 || w.ndim() != 1 ||
+      w.shape(0) != x.shape(-1)) {
+    throw std::invalid_argument("expected float32 x [..., D] and w [D]");
+  }
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  return mx::array(x.shape(), mx::float32, std::make_shared<CpuRmsNorm>(stream, eps), {x, w});
+}
+
+// ---------------------------------------------------------------------------------------
 // x rounded as the int8 path rounds it (each 32 values to int8 steps of max|x| / 127, round
 // half to even), back in float32: what the float32 copy of a 4-bit layer is fed during
 // prefill, so those rows get the numbers the kernel gives (one op instead of about ten).
@@ -962,6 +1148,74 @@ mx::array round_int8(const mx::array& x) {
   return mx::array(x.shape(), mx::float32, std::make_shared<CpuRoundInt8>(stream), {x});
 }
 
+// x [..., K] @ the packed 4-bit weight [tiles, chunks, 320] (N real rows).
+class CpuPackedMatmul : public mx::Primitive {
+ public:
+  CpuPackedMatmul(mx::Stream stream, int64_t n) : mx::Primitive(stream), n_(n) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    mx::array& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const mx::array& packed = inputs[1];
+    if (!packed.flags().row_contiguous) {
+      throw std::invalid_argument("the packed weight must be row-contiguous");
+    }
+    int64_t K = inputs[0].shape(-1);
+    int64_t M = K == 0 ? 0 : static_cast<int64_t>(inputs[0].size()) / K;
+    encoder.set_input_array(inputs[0]);
+    encoder.set_input_array(packed);
+    encoder.set_output_array(out);
+    Operand xo = Operand::of(inputs[0]);
+    encoder.dispatch([xo = std::move(xo), w = packed.data<uint8_t>(), op = out.data<float>(), M,
+                      K, N = n_]() {
+      std::vector<uint32_t> tmp;
+      const float* x = static_cast<const float*>(xo.contiguous(tmp));
+#if MLXCEL_PACKED
+      packed_matmul_rows(x, w, op, M, K, N);
+#else
+      (void)x, (void)w, (void)op, (void)M, (void)K, (void)N;
+      throw std::runtime_error("packed 4-bit weights need AVX-512 VNNI");
+#endif
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxcel's packed matmul kernel runs on the CPU only");
+  }
+
+  const char* name() const override { return "MlxcelCpuPackedMatmul"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuPackedMatmul*>(&other);
+    return o != nullptr && o->n_ == n_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = static_cast<int>(n_);
+    return {shape};
+  }
+
+ private:
+  int64_t n_;
+};
+
+mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n) {
+  if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) % 32 != 0) {
+    throw std::invalid_argument("expected float32 x [..., K], K a multiple of 32");
+  }
+  const int64_t chunks = (x.shape(-1) / 32 + 3) / 4;
+  if (packed.dtype() != mx::uint8 || packed.ndim() != 3 || packed.shape(1) != chunks ||
+      packed.shape(2) != 320 || packed.shape(0) * 4 < n || packed.shape(0) * 4 >= n + 4) {
+    throw std::invalid_argument("packed weight [ceil(N / 4), ceil(K / 128), 320] uint8 expected");
+  }
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  mx::Shape shape = x.shape();
+  shape.back() = static_cast<int>(n);
+  return mx::array(shape, mx::float32, std::make_shared<CpuPackedMatmul>(stream, n), {x, packed});
+}
+
 mx::array quantized_matmul(
     const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
     int group_size, int bits) {
@@ -999,6 +1253,10 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
   m.def("quantized_matmul", &quantized_matmul, nb::arg("x"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w, scales, biases).T on the CPU (float32 x; 4- or 8-bit affine w).");
+  m.def("packed_matmul", &packed_matmul, nb::arg("x"), nb::arg("packed"), nb::arg("n"),
+        "x @ W.T for a 4-bit weight packed in int8 tiles (layers.pack_int8), N rows, int8 x.");
+  m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("w"), nb::arg("eps"),
+        "nn.RMSNorm on the CPU: float32 x [..., D] * rsqrt(mean(x^2) + eps) * w [D].");
   m.def("round_int8", &round_int8, nb::arg("x"),
         "float32 x [..., K] rounded per 32 values as the int8 path rounds it, in float32.");
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"),

@@ -64,9 +64,10 @@ def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
         return
     kernels = _cpu_kernels(threads) if policy == "auto" else None
     if kernels is not None:
-        from mlxcel.engine.cpu_kernels.layers import use_rope_kernel
+        from mlxcel.engine.cpu_kernels.layers import use_norm_kernel, use_rope_kernel
 
         use_rope_kernel(loaded.model, kernels)  # MLX's CPU rope recomputes every angle
+        use_norm_kernel(loaded.model, kernels)  # and its rms_norm is several ops
         if kernels.simd == "scalar":
             kernels = None  # the portable matmuls are not faster than float32 BLAS (no SIMD)
     if not _is_quantized(loaded.model):
@@ -81,8 +82,10 @@ def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
         # is slower than the kernel at any size.
         dense = fits and _fast_blas()
         if use_cpu_kernels(loaded.model, kernels, dense=dense):
-            note = " + float32 for prefill" if dense else ""
-            quant = f"{loaded.info.quantization} (mlxcel CPU kernel{note})"
+            held = [m for _, m in loaded.model.named_modules() if "packed" in m or "dense" in m]
+            notes = [", int8 tiles" if any("packed" in m for m in held) else ""]
+            notes.append(" + float32 for prefill" if any("dense" in m for m in held) else "")
+            quant = f"{loaded.info.quantization} (mlxcel CPU kernel{''.join(notes)})"
             loaded.info = _with(loaded.info, quantization=quant)
             return
     if policy == "float32" or fits:
