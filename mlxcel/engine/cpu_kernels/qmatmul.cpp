@@ -11,6 +11,7 @@
 // Built by mlxcel/engine/cpu_kernels/build.py against the installed mlx and nanobind.
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -1018,6 +1020,179 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
 }
 
 // ---------------------------------------------------------------------------------------
+// Attention for a few query rows (decode steps, speculative verify rounds), one op:
+// softmax(scale * q k^T + mask) v with grouped-query heads. MLX's CPU
+// scaled_dot_product_attention is a chain of about ten ops (85 us a call for one decode
+// row of a small model); a decode step runs one per layer. q is [B, Hq, L, D], k and v
+// [B, Hkv, S, D] with any strides (the last one 1: a KV cache's slice), mask none, causal,
+// or additive float32 / boolean [B, Hq, L, S] (broadcast: zero strides). Each query row
+// is reduced over S in order, so padding keys a mask removes change nothing.
+
+struct AttnView {
+  const float* data;
+  std::array<int64_t, 3> strides;  // batch, head, row; the last dimension is contiguous
+};
+
+struct AttnShape {
+  int64_t B, Hq, Hkv, L, S, D;
+  float scale;
+  int mask_kind;  // 0 none, 1 causal, 2 additive float32, 3 boolean
+  std::array<int64_t, 4> mask_strides;
+};
+
+void attention_rows(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
+                    const AttnShape& sh, float* out) {
+  std::vector<float> scores(static_cast<size_t>(sh.S));
+  std::vector<float> acc(static_cast<size_t>(sh.D));
+  const int64_t group = sh.Hq / sh.Hkv;
+  for (int64_t b = 0; b < sh.B; ++b) {
+    for (int64_t h = 0; h < sh.Hq; ++h) {
+      const int64_t kh = h / group;
+      const float* kb = k.data + b * k.strides[0] + kh * k.strides[1];
+      const float* vb = v.data + b * v.strides[0] + kh * v.strides[1];
+      for (int64_t l = 0; l < sh.L; ++l) {
+        const float* qr = q.data + b * q.strides[0] + h * q.strides[1] + l * q.strides[2];
+        const int64_t visible = sh.mask_kind == 1 ? std::min(sh.S, sh.S - sh.L + l + 1) : sh.S;
+        const int64_t mrow = b * sh.mask_strides[0] + h * sh.mask_strides[1] +
+                             l * sh.mask_strides[2];
+        float top = -INFINITY;
+        for (int64_t s = 0; s < visible; ++s) {
+          const float* kr = kb + s * k.strides[2];
+          int64_t d = 0;
+          Vec dot = vzero();
+          for (; d + kWidth <= sh.D; d += kWidth) dot = vfma(vload(qr + d), vload(kr + d), dot);
+          float score = hsum(dot);
+          for (; d < sh.D; ++d) score += qr[d] * kr[d];
+          score *= sh.scale;
+          if (sh.mask_kind == 2) {
+            score += static_cast<const float*>(mask)[mrow + s * sh.mask_strides[3]];
+          } else if (sh.mask_kind == 3 &&
+                     !static_cast<const bool*>(mask)[mrow + s * sh.mask_strides[3]]) {
+            score = -INFINITY;
+          }
+          scores[static_cast<size_t>(s)] = score;
+          top = std::max(top, score);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        float total = 0.0f;
+        if (top > -INFINITY) {
+          for (int64_t s = 0; s < visible; ++s) {
+            const float p = std::exp(scores[static_cast<size_t>(s)] - top);
+            if (p == 0.0f) continue;
+            total += p;
+            const float* vr = vb + s * v.strides[2];
+            int64_t d = 0;
+            const Vec pv = vset1(p);
+            for (; d + kWidth <= sh.D; d += kWidth) {
+              Vec a = vload(acc.data() + d);
+              a = vfma(pv, vload(vr + d), a);
+              std::memcpy(acc.data() + d, &a, sizeof(Vec));
+            }
+            for (; d < sh.D; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
+          }
+        }
+        float* o = out + ((b * sh.Hq + h) * sh.L + l) * sh.D;
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        for (int64_t d = 0; d < sh.D; ++d) o[d] = acc[static_cast<size_t>(d)] * inv;
+      }
+    }
+  }
+}
+
+class CpuAttention : public mx::Primitive {
+ public:
+  CpuAttention(mx::Stream stream, float scale, int mask_kind)
+      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    mx::array& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    // q, k and v as the kernel reads them: views when the last axis is contiguous (a KV
+    // cache's slice is), else row-contiguous copies made in the task.
+    std::array<Operand, 3> ops;
+    std::array<AttnView, 3> views;
+    for (int i = 0; i < 3; ++i) {
+      const mx::array& a = inputs[i];
+      const bool direct = a.strides()[3] == 1;
+      ops[i] = direct ? Operand{nullptr, true, {}, {}} : Operand::of(a);
+      const int64_t H = a.shape(1), L = a.shape(2), D = a.shape(3);
+      views[i] = direct ? AttnView{a.data<float>(),
+                                   {static_cast<int64_t>(a.strides()[0]),
+                                    static_cast<int64_t>(a.strides()[1]),
+                                    static_cast<int64_t>(a.strides()[2])}}
+                        : AttnView{nullptr, {H * L * D, L * D, D}};
+    }
+    const mx::array& q = inputs[0];
+    AttnShape sh{q.shape(0), q.shape(1), inputs[1].shape(1), q.shape(2), inputs[1].shape(2),
+                 q.shape(3), scale_, mask_kind_, {0, 0, 0, 0}};
+    const void* mask = nullptr;
+    if (mask_kind_ >= 2) {
+      const mx::array& m = inputs[3];
+      for (int d = 0; d < 4; ++d) sh.mask_strides[d] = static_cast<int64_t>(m.strides()[d]);
+      mask = mask_kind_ == 2 ? static_cast<const void*>(m.data<float>())
+                             : static_cast<const void*>(m.data<bool>());
+    }
+    encoder.dispatch([ops = std::move(ops), views, mask, sh, op = out.data<float>()]() mutable {
+      std::vector<uint32_t> tmp[3];
+      for (int i = 0; i < 3; ++i) {
+        if (views[i].data == nullptr) {
+          views[i].data = static_cast<const float*>(ops[i].contiguous(tmp[i]));
+        }
+      }
+      attention_rows(views[0], views[1], views[2], mask, sh, op);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxcel's attention kernel runs on the CPU only");
+  }
+
+  const char* name() const override { return "MlxcelCpuAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuAttention*>(&other);
+    return o != nullptr && o->scale_ == scale_ && o->mask_kind_ == mask_kind_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float scale_;
+  int mask_kind_;
+};
+
+// mask_kind: 0 none, 1 causal, 2 additive float32 mask, 3 boolean mask (mask [B, Hq, L, S]).
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                    int mask_kind, const std::optional<mx::array>& mask) {
+  auto four = [](const mx::array& a) { return a.ndim() == 4 && a.dtype() == mx::float32; };
+  if (!four(q) || !four(k) || !four(v)) throw std::invalid_argument("expected float32 q, k, v [B, H, L, D]");
+  if (k.shape() != v.shape() || k.shape(0) != q.shape(0) || k.shape(3) != q.shape(3) ||
+      k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0) {
+    throw std::invalid_argument("q, k and v shapes do not match");
+  }
+  std::vector<mx::array> inputs{q, k, v};
+  if (mask_kind >= 2) {
+    if (!mask || mask->ndim() != 4 || mask->shape(0) != q.shape(0) ||
+        mask->shape(1) != q.shape(1) || mask->shape(2) != q.shape(2) ||
+        mask->shape(3) != k.shape(2) ||
+        mask->dtype() != (mask_kind == 2 ? mx::float32 : mx::bool_)) {
+      throw std::invalid_argument("mask must be [B, Hq, L, S], float32 (additive) or bool");
+    }
+    inputs.push_back(*mask);
+  } else if (mask_kind != 0 && mask_kind != 1) {
+    throw std::invalid_argument("mask_kind must be 0, 1, 2 or 3");
+  }
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  return mx::array(q.shape(), mx::float32, std::make_shared<CpuAttention>(stream, scale, mask_kind),
+                   inputs);
+}
+
+// ---------------------------------------------------------------------------------------
 // RMS norm (nn.RMSNorm: x * rsqrt(mean(x^2) + eps) * w), one op. MLX's CPU rms_norm is
 // several ops (about 23 us for a decode step's 576 values, against 4 us for one
 // elementwise op); a decode step runs two per layer. Each row is summed in a fixed order.
@@ -1257,6 +1432,10 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
         "x @ W.T for a 4-bit weight packed in int8 tiles (layers.pack_int8), N rows, int8 x.");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("w"), nb::arg("eps"),
         "nn.RMSNorm on the CPU: float32 x [..., D] * rsqrt(mean(x^2) + eps) * w [D].");
+  m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
+        nb::arg("mask_kind"), nb::arg("mask").none(),
+        "softmax(scale * q k^T + mask) v on the CPU for float32 q [B, Hq, L, D], k and v "
+        "[B, Hkv, S, D]; mask_kind 0 none, 1 causal, 2 additive, 3 boolean ([B, Hq, L, S]).");
   m.def("round_int8", &round_int8, nb::arg("x"),
         "float32 x [..., K] rounded per 32 values as the int8 path rounds it, in float32.");
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"),

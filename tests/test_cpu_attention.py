@@ -1,0 +1,129 @@
+"""Decode-step attention on mlxcel's CPU kernel (cpu_kernels/attention.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcel.engine.cpu_kernels import build
+from mlxcel.engine.cpu_kernels.attention import (
+    ATTENTION_MAX_ROWS,
+    _kernel_mask,
+    use_attention_kernel,
+)
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="the CPU kernel is built for Linux's CPU backend only"
+)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> ModuleType:
+    if build._compiler() is None:
+        pytest.skip("no C++ compiler here: the kernel cannot be built")
+    module = build.load_kernels()
+    assert module is not None, build.kernel_status()
+    return module
+
+
+def _mlx_sdpa() -> object:
+    current = mx.fast.scaled_dot_product_attention
+    return getattr(current, "mlxcel_original", current)
+
+
+def _qkv(b: int, hq: int, hkv: int, rows: int, keys: int, dim: int) -> tuple[mx.array, ...]:
+    """q, and k / v as a KV cache hands them over: a slice of a longer buffer."""
+    q = mx.random.normal((b, hq, rows, dim), key=mx.random.key(rows))
+    k = mx.random.normal((b, hkv, keys + 9, dim), key=mx.random.key(keys))[:, :, :keys, :]
+    v = mx.random.normal((b, hkv, keys + 9, dim), key=mx.random.key(dim))[:, :, :keys, :]
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    ("b", "hq", "hkv", "rows", "keys", "dim", "mask"),
+    [
+        (1, 9, 3, 1, 80, 64, None),
+        (2, 9, 3, 3, 80, 64, "causal"),
+        (2, 4, 4, 1, 10, 32, None),
+        (1, 8, 2, 5, 33, 40, "causal"),
+        (2, 6, 3, 1, 50, 64, "bool"),
+        (2, 6, 3, 4, 50, 64, "additive"),
+        (1, 2, 1, 16, 16, 8, "causal"),
+    ],
+)
+def test_kernel_matches_mlx_attention(
+    kernels: ModuleType,
+    b: int,
+    hq: int,
+    hkv: int,
+    rows: int,
+    keys: int,
+    dim: int,
+    mask: str | None,
+) -> None:
+    q, k, v = _qkv(b, hq, hkv, rows, keys, dim)
+    m: mx.array | str | None = mask
+    if mask in ("bool", "additive"):
+        keep = mx.random.uniform(shape=(b, 1, rows, keys), key=mx.random.key(7)) > 0.3
+        keep[..., -1] = True  # every row keeps a key
+        m = keep if mask == "bool" else mx.where(keep, 0.0, -1e9)
+    kind = _kernel_mask(m, q, k)
+    assert kind is not None
+    got = kernels.attention(q, k, v, 0.125, kind[0], kind[1])
+    want = _mlx_sdpa()(q, k, v, scale=0.125, mask=m)  # type: ignore[operator]
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=2e-6, rtol=1e-5)
+
+
+def test_masked_padding_keys_change_nothing(kernels: ModuleType) -> None:
+    """A row whose extra (padding) keys a mask removes equals the row on its own keys."""
+    q, k, v = _qkv(1, 4, 2, 1, 20, 32)
+    alone = kernels.attention(q, k[:, :, 5:, :], v[:, :, 5:, :], 0.2, 0, None)
+    keep = mx.concatenate(
+        [mx.zeros((1, 1, 1, 5), dtype=mx.bool_), mx.ones((1, 1, 1, 15), mx.bool_)], -1
+    )
+    padded = kernels.attention(q, k, v, 0.2, 3, mx.broadcast_to(keep, (1, 4, 1, 20)))
+    assert np.array_equal(np.array(alone), np.array(padded))
+
+
+def test_wrapper_routes_few_rows_to_the_kernel_and_the_rest_to_mlx(kernels: ModuleType) -> None:
+    assert use_attention_kernel(kernels)
+    assert use_attention_kernel(kernels)  # idempotent: wrapped once
+    sdpa = mx.fast.scaled_dot_product_attention
+    original = sdpa.mlxcel_original  # type: ignore[attr-defined]
+    assert not hasattr(original, "mlxcel_original")
+    q, k, v = _qkv(1, 4, 2, ATTENTION_MAX_ROWS, 40, 32)
+    via_kernel = kernels.attention(q, k, v, 0.3, 1, None)
+    assert np.array_equal(np.array(sdpa(q, k, v, scale=0.3, mask="causal")), np.array(via_kernel))
+    q, k, v = _qkv(1, 4, 2, ATTENTION_MAX_ROWS + 1, 40, 32)  # prefill: MLX's own path
+    assert np.array_equal(
+        np.array(sdpa(q, k, v, scale=0.3, mask="causal")),
+        np.array(original(q, k, v, scale=0.3, mask="causal")),
+    )
+    half = [a.astype(mx.float16) for a in _qkv(1, 4, 2, 1, 8, 32)]
+    assert sdpa(*half, scale=0.3).dtype == mx.float16  # other dtypes: MLX's own path
+
+
+def test_bad_shapes_are_clear_errors(kernels: ModuleType) -> None:
+    q, k, v = _qkv(1, 4, 3, 1, 8, 32)
+    with pytest.raises(ValueError, match="shapes"):
+        kernels.attention(q, k, v, 1.0, 0, None)  # 4 query heads over 3 key heads
+    q, k, v = _qkv(1, 4, 2, 1, 8, 32)
+    with pytest.raises(ValueError, match="mask"):
+        kernels.attention(q, k, v, 1.0, 2, mx.zeros((1, 4, 1, 7)))
+
+
+def test_auto_policy_installs_it(
+    kernels: ModuleType, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxcel.engine.loading import load_model
+
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", _mlx_sdpa())
+    load_model(str(tiny_gguf), cpu_dtype="keep")
+    assert not hasattr(mx.fast.scaled_dot_product_attention, "mlxcel_original")
+    load_model(str(tiny_gguf), cpu_dtype="auto")
+    assert hasattr(mx.fast.scaled_dot_product_attention, "mlxcel_original")
