@@ -151,8 +151,8 @@ def test_auto_policy_runs_quantized_layers_on_the_kernel(
     auto = load_model(str(gguf), cpu_dtype="auto")
     widened = load_model(str(gguf), cpu_dtype="float32")
     tiled = _count(auto.model, KernelPackedLinear)
-    if quant == "Q4_1" and kernels.int8():
-        # GGUF's float16 scales fit the int8 tiles exactly: every 4-bit layer is tiled
+    if kernels.int8():
+        # GGUF's float16 scales fit the int8 tiles exactly: every 4/8-bit layer is tiled
         assert tiled > 0 and _count(auto.model, KernelQuantizedLinear) == 0
         assert "int8 tiles" in auto.info.quantization
     else:
@@ -164,9 +164,8 @@ def test_auto_policy_runs_quantized_layers_on_the_kernel(
     for ids in (tokens[:1], (tokens * 4)[: KERNEL_MAX_ROWS + 5]):
         a = np.array(auto.model(mx.array([ids])))
         b = np.array(widened.model(mx.array([ids])))
-        if quant == "Q4_1" and kernels.int8():
-            # x rounded to 8 bits at every layer: by the kernel (decode) or, for the float32
-            # copy (prefill), by the kernel's `round_int8`
+        if kernels.int8():
+            # x rounded to 8 bits at every layer by the tiles' int8 path
             rms = np.sqrt(((a - b) ** 2).mean() / (b**2).mean())
             assert rms < 2e-2
         else:
@@ -237,6 +236,29 @@ def test_int8_tiles_equal_the_int8_kernel_bit_for_bit(
         assert np.array_equal(alone[0], got[-1])
 
 
+@pytest.mark.parametrize(("n", "k", "group"), [(1536, 576, 32), (130, 160, 32), (9, 512, 64)])
+def test_8bit_tiles_give_the_rounded_x_product(
+    kernels: ModuleType, n: int, k: int, group: int
+) -> None:
+    """8-bit tiles (a Q8_0 LM head): exactly the product of the int8-rounded x with the
+    dequantized weight, up to float32 summation; each row equals that row alone."""
+    if not kernels.int8():
+        pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
+    packed, scales, biases, _ = _weights(n, k, 8, group, seed=n)
+    scales = scales.astype(mx.float16).astype(mx.float32)
+    biases = biases.astype(mx.float16).astype(mx.float32)
+    dense = np.array(mx.dequantize(packed, scales, biases, group_size=group, bits=8))
+    tiles = pack_int8(packed, scales, biases, group, bits=8)
+    assert tiles.shape == ((n + 3) // 4, (k // 32 + 3) // 4, 576)
+    for m in (1, 5, 33):
+        x = mx.random.normal((m, k), key=mx.random.key(m))
+        got = np.array(kernels.packed_matmul(x, tiles, n, 8))
+        want = _rounded_x(np.array(x)) @ dense.T
+        np.testing.assert_allclose(got, want, atol=2e-4 * np.abs(want).max(), rtol=1e-4)
+        alone = np.array(kernels.packed_matmul(x[:1], tiles, n, 8))
+        assert np.array_equal(alone[0], got[0])
+
+
 def test_int8_tiles_reject_a_mismatched_weight(kernels: ModuleType) -> None:
     if not kernels.int8():
         pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
@@ -246,17 +268,26 @@ def test_int8_tiles_reject_a_mismatched_weight(kernels: ModuleType) -> None:
         kernels.packed_matmul(mx.zeros((1, 256)), tiles, 8)  # K of 2 chunks, tiles hold 1
     with pytest.raises(ValueError, match="packed weight"):
         kernels.packed_matmul(mx.zeros((1, 64)), tiles, 12)  # more rows than the tiles hold
+    with pytest.raises(ValueError, match="packed weight"):
+        kernels.packed_matmul(mx.zeros((1, 64)), tiles, 8, 8)  # 4-bit tiles read as 8-bit
+    with pytest.raises(ValueError, match="bits"):
+        kernels.packed_matmul(mx.zeros((1, 64)), tiles, 8, 3)
     with pytest.raises(ValueError, match="float32"):
         kernels.packed_matmul(mx.zeros((1, 64), dtype=mx.float16), tiles, 8)
 
 
-def test_untiled_layers_keep_their_layout(kernels: ModuleType) -> None:
-    """Scales float16 cannot hold exactly, and 8-bit layers, stay on MLX's layout."""
+def test_untiled_layers_keep_their_layout(
+    kernels: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scales float16 cannot hold exactly, or the int8 path off, keep MLX's layout."""
     from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
 
     assert isinstance(_not_half_exact_layer(kernels), KernelQuantizedLinear)
+    monkeypatch.setattr(kernels, "int8", lambda: False)
     model = nn.Sequential(nn.Linear(64, 16))
     nn.quantize(model, group_size=32, bits=8)
+    model.layers[0].scales = model.layers[0].scales.astype(mx.float16)
+    model.layers[0].biases = model.layers[0].biases.astype(mx.float16)
     assert use_cpu_kernels(model, kernels, dense=False) == 1
     assert isinstance(model.layers[0], KernelQuantizedLinear)
 
@@ -302,19 +333,29 @@ def test_rms_norm_op_matches_mlx(kernels: ModuleType) -> None:
         kernels.rms_norm(xs[1], mx.ones((41,)), 1e-5)
 
 
+@pytest.mark.parametrize("tiled", [False, True])
 def test_tied_head_uses_the_kernel_and_decode_matches_batch(
-    kernels: ModuleType, tiny_qwen3_dir: Path, tmp_path: Path
+    kernels: ModuleType, tiny_qwen3_dir: Path, tiled: bool
 ) -> None:
-    """qwen3 ties its LM head to the embedding: `as_linear` runs on the kernel."""
+    """qwen3 ties its LM head to the embedding: `as_linear` runs on the kernel (on the int8
+    tiles when its scales are float16, as GGUF's are; lookups keep MLX's arrays)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
+    from mlxcel.engine.cpu_kernels.layers import KernelPackedEmbedding, use_cpu_kernels
     from mlxcel.engine.loading import load_model
 
+    if tiled and not kernels.int8():
+        pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
     loaded = load_model(str(tiny_qwen3_dir), cpu_dtype="keep")
     nn.quantize(loaded.model, group_size=32, bits=4)
+    if tiled:
+        for _, module in loaded.model.named_modules():
+            if "scales" in module:
+                module["scales"] = module["scales"].astype(mx.float16)
+                module["biases"] = module["biases"].astype(mx.float16)
     assert use_cpu_kernels(loaded.model, kernels, dense=False) > 0
-    assert _count(loaded.model, KernelQuantizedEmbedding) == 1
+    head = KernelPackedEmbedding if tiled else KernelQuantizedEmbedding
+    assert _count(loaded.model, head) == 1
     model = loaded.model
     prompts = [[5, 9, 14], [7, 3, 22]]
     # two sequences decoded together give the same logits as each decoded alone
@@ -425,9 +466,13 @@ def test_served_batch_equals_each_request_alone(kernels: ModuleType, tiny_q4_ggu
 
 @pytest.mark.parametrize("fast_blas", [True, False])
 def test_float32_prefill_copy_only_with_a_real_blas(
-    kernels: ModuleType, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch, fast_blas: bool
+    float_activations: ModuleType,
+    tiny_gguf: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fast_blas: bool,
 ) -> None:
-    """MLX's bundled reference BLAS is slower than the kernel even for prefill."""
+    """Untiled layers (here: the int8 path off) get a float32 copy for prefill only with a
+    real BLAS: MLX's bundled reference BLAS is slower than the kernel even for prefill."""
     from mlxcel.engine.loading import load_model, resolve
 
     monkeypatch.setattr(resolve, "_fast_blas", lambda: fast_blas)

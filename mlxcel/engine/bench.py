@@ -481,9 +481,10 @@ def _weights(model: Any) -> tuple[int, int]:
         for name, module in model.named_modules()
         if isinstance(getattr(module, "bits", None), int) and hasattr(module, "scales")
     }
-    # 4-bit layers the CPU kernel holds in its int8 tiles only (cpu_kernels.layers)
+    # layers the CPU kernel holds in its int8 tiles (cpu_kernels.layers); a tiled embedding
+    # keeps MLX's arrays too, which count its parameters
     tiled = {
-        name: int(module.out_features) * int(module.in_features)
+        name: int(module.out_features) * int(module.in_features) if "weight" not in module else 0
         for name, module in model.named_modules()
         if "packed" in module
     }

@@ -83,7 +83,9 @@ class KernelPackedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         if x.dtype != mx.float32:
             x = x.astype(mx.float32)
-        y: mx.array = self.kernels.packed_matmul(x, self["packed"], self.out_features)
+        y: mx.array = self.kernels.packed_matmul(
+            x, self["packed"], self.out_features, int(self.bits)
+        )
         if "bias" in self:
             y = y + self["bias"]
         return y
@@ -93,6 +95,23 @@ class KernelPackedLinear(nn.QuantizedLinear):
             f"input_dims={self.in_features}, output_dims={self.out_features}, "
             f"bias={'bias' in self}, group_size={self.group_size}, bits={self.bits}, int8 tiles"
         )
+
+
+class KernelPackedEmbedding(nn.QuantizedEmbedding):
+    """An `nn.QuantizedEmbedding` (a tied LM head) whose `as_linear` runs on the int8 tiles;
+    its lookups read MLX's arrays as before."""
+
+    kernels: ModuleType
+    out_features: int
+    in_features: int
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32:
+            x = x.astype(mx.float32)
+        out: mx.array = self.kernels.packed_matmul(
+            x, self["packed"], self.out_features, int(self.bits)
+        )
+        return out
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
@@ -213,18 +232,19 @@ def supports(module: Any) -> bool:
     return bits in (4, 8) and group_size % 32 == 0 and in_features % group_size == 0
 
 
-# Bytes of one chunk (128 values of K) of a 4-row tile: 4 x 64 weight bytes, then the 4 rows'
-# 4 block scales and 4 block biases as float16 (the kernel's kTileChunkBytes).
-_TILE_ROWS = 4
-_CHUNK_BYTES = _TILE_ROWS * 64 + 2 * _TILE_ROWS * 4 * 2
+_TILE_ROWS = 4  # weight rows per tile (the kernel's kTileRows)
 
 
-def pack_int8(weight: mx.array, scales: mx.array, biases: mx.array, group_size: int) -> mx.array:
-    """A 4-bit affine weight ([N, K / 8] uint32, [N, K / group_size] scales and biases) in the
-    int8 kernel's tiles: [ceil(N / 4), ceil(K / 128), 320] uint8, zero-padded. Scales and
-    biases are stored as float16 per 32-value block."""
+def pack_int8(
+    weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int = 4
+) -> mx.array:
+    """A 4- or 8-bit affine weight ([N, K * bits / 32] uint32, [N, K / group_size] scales
+    and biases) in the int8 kernel's tiles: [ceil(N / 4), ceil(K / 128), 320 or 576] uint8,
+    zero-padded. Per chunk of 128 values a tile holds its 4 rows' weight bytes (8-bit: each
+    32-block's 16 even values, then its 16 odd ones), then their block scales and biases
+    as float16."""
     n = int(weight.shape[0])
-    k = int(weight.shape[1]) * 8
+    k = int(weight.shape[1]) * 32 // bits
     blocks = k // 32
     chunks = (blocks + 3) // 4
     tiles = (n + _TILE_ROWS - 1) // _TILE_ROWS
@@ -235,8 +255,16 @@ def pack_int8(weight: mx.array, scales: mx.array, biases: mx.array, group_size: 
         shaped = values.reshape(tiles, _TILE_ROWS, chunks, width).transpose(0, 2, 1, 3)
         return np.ascontiguousarray(shaped).reshape(tiles, chunks, -1).view(np.uint8)
 
-    rows = np.zeros((tiles * _TILE_ROWS, chunks * 64), np.uint8)
-    rows[:n, : k // 2] = np.asarray(weight).view(np.uint8).reshape(n, k // 2)
+    raw = np.asarray(weight).view(np.uint8).reshape(n, k * bits // 8)
+    rows = np.zeros((tiles * _TILE_ROWS, chunks * 16 * bits), np.uint8)
+    if bits == 4:
+        rows[:n, : k // 2] = raw
+    else:
+        padded_rows = np.zeros((n, chunks * 4, 16, 2), np.uint8)
+        padded_rows[:, :blocks] = raw.reshape(n, blocks, 16, 2)
+        # per chunk: the 4 blocks' even values, then their odd values
+        split = padded_rows.reshape(n, chunks, 4, 16, 2).transpose(0, 1, 4, 2, 3)
+        rows[:n] = split.reshape(n, chunks * 128)
     parts = [tiled(rows)]
     for values in (scales, biases):
         per_block = np.repeat(np.asarray(values.astype(mx.float32)), group_size // 32, axis=1)
@@ -247,9 +275,9 @@ def pack_int8(weight: mx.array, scales: mx.array, biases: mx.array, group_size: 
 
 
 def _packable(module: Any, kernels: ModuleType) -> bool:
-    """A 4-bit linear layer the int8 kernel can hold packed: the CPU has the int8 path and
-    its scales and biases are exact in float16 (GGUF's always are)."""
-    if not kernels.int8() or isinstance(module, nn.QuantizedEmbedding) or module.bits != 4:
+    """A layer the int8 kernel can hold in tiles: the CPU has the int8 path and its scales
+    and biases are exact in float16 (GGUF's always are)."""
+    if not kernels.int8():
         return False
     for name in ("scales", "biases"):
         values = module[name]
@@ -258,24 +286,37 @@ def _packable(module: Any, kernels: ModuleType) -> bool:
     return True
 
 
+def _tile(module: Any, kernels: ModuleType) -> None:
+    """Give `module` its int8 tiles. A linear layer drops MLX's arrays; an embedding keeps
+    them for its lookups (the tiles serve `as_linear`, a tied LM head)."""
+    module["packed"] = pack_int8(
+        module["weight"],
+        module["scales"],
+        module["biases"],
+        int(module.group_size),
+        int(module.bits),
+    )
+    module.out_features = int(module["weight"].shape[0])
+    module.in_features = int(module["weight"].shape[1]) * 32 // int(module.bits)
+    module.kernels = kernels
+    if isinstance(module, nn.QuantizedEmbedding):
+        module.__class__ = KernelPackedEmbedding
+        return
+    for name in ("weight", "scales", "biases"):
+        del module[name]
+    module.__class__ = KernelPackedLinear
+
+
 def use_cpu_kernels(model: nn.Module, kernels: ModuleType, *, dense: bool) -> int:
     """Switch the supported quantized layers of `model` to the kernel; with `dense`, also
-    keep a float32 copy of each weight for prefill. Returns how many layers changed."""
+    keep a float32 copy of each untiled weight for prefill. Returns how many changed."""
     changed = 0
     for _, module in model.named_modules():
         if not supports(module):
             continue
+        changed += 1
         if _packable(module, kernels):
-            module["packed"] = pack_int8(
-                module["weight"], module["scales"], module["biases"], int(module.group_size)
-            )
-            module.out_features = int(module["weight"].shape[0])
-            module.in_features = int(module["weight"].shape[1]) * 32 // int(module.bits)
-            for name in ("weight", "scales", "biases"):
-                del module[name]
-            module.__class__ = KernelPackedLinear
-            module.kernels = kernels
-            changed += 1
+            _tile(module, kernels)
             continue
         scales = module["scales"]
         if scales.dtype != mx.float32:
@@ -294,7 +335,6 @@ def use_cpu_kernels(model: nn.Module, kernels: ModuleType, *, dense: bool) -> in
                 group_size=module.group_size,
                 bits=module.bits,
             ).astype(mx.float32)
-        changed += 1
     if changed:
         mx.eval(model.parameters())
     return changed

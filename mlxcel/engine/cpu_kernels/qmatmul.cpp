@@ -524,23 +524,30 @@ void run_rows_int8(
 }
 
 // ---------------------------------------------------------------------------------------
-// Packed 4-bit weights for the int8 path (pack_int8 in layers.py builds them once at load).
+// Packed 4- and 8-bit weights for the int8 path (pack_int8 in layers.py builds them once at
+// load).
 // MLX's layout keeps weights, scales and biases in three arrays (three memory streams per
 // row, float32 scales read in separate cache lines); decoding reads them at a third of the
 // machine's bandwidth. Here every 4 weight rows form a tile, stored chunk by chunk (128
 // values of K): the 4 rows' 64 weight bytes, then their 4 block scales and 4 block biases
 // as float16 (a group of 64 or more repeats its scale per 32-block), 320 bytes in all, so a
 // tile is one sequential stream and a whole tile stays in L1 while many x rows pass over it.
+// 8-bit weights (a Q8_0 LM head) are tiled alike with 128 weight bytes per row and chunk,
+// the block's 16 even values, then its 16 odd ones (the order x is prepared in), 576 bytes.
 // K is padded to whole chunks and N to whole tiles with zeros, which add exactly nothing.
 // Each (x row, weight row) pair gets the same operations in the same order as int8_tile
 // above, whatever the number of x rows: results are bit-identical to that kernel's.
 
 constexpr int64_t kTileRows = 4;
-constexpr int64_t kTileChunkBytes = kTileRows * 64 + 2 * kTileRows * 4 * 2;  // 320
+// Bytes of one chunk of a tile: weight bytes, then 4 float16 scales and 4 biases per row.
+template <int BITS>
+constexpr int64_t chunk_bytes() {
+  return kTileRows * 16 * BITS + 2 * kTileRows * 4 * 2;  // 320 (4-bit) or 576 (8-bit)
+}
 
 // One weight row of a tile (or, with ROWS = 4, all four at once: one x row decoding
 // reads the tile as one stream) against MB rows of x.
-template <int MB, int ROWS>
+template <int BITS, int MB, int ROWS>
 inline void packed_pass(const uint8_t* tile, const Prepared& p, int64_t chunks, int64_t m0,
                         int r0, int64_t N, float* out, int64_t n, int64_t rows) {
   __m512 total[ROWS][MB];
@@ -553,19 +560,27 @@ inline void packed_pass(const uint8_t* tile, const Prepared& p, int64_t chunks, 
   const float* dx = p.dx.data() + m0 * chunks * 16;
   const float* qsum = p.qsum.data() + m0 * chunks * 16;
   for (int64_t c = 0; c < chunks; ++c) {
-    const uint8_t* at = tile + c * kTileChunkBytes;
+    constexpr int64_t row_bytes = 16 * BITS;
+    const uint8_t* at = tile + c * chunk_bytes<BITS>();
+    const uint8_t* scales = at + kTileRows * row_bytes;
     for (int i = 0; i < ROWS; ++i) {
       const int r = r0 + i;
-      const __m512i wq = _mm512_loadu_si512(at + 64 * r);
-      const __m512i lo = _mm512_and_si512(wq, nibble);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
+      __m512i lo, hi;
+      if constexpr (BITS == 4) {
+        const __m512i wq = _mm512_loadu_si512(at + row_bytes * r);
+        lo = _mm512_and_si512(wq, nibble);
+        hi = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
+      } else {
+        lo = _mm512_loadu_si512(at + row_bytes * r);
+        hi = _mm512_loadu_si512(at + row_bytes * r + 64);
+      }
       // Row r's 4 float16 scales (and biases): 8 bytes, widened and spread 4 lanes each.
       const __m512 s = _mm512_permutexvar_ps(
-          first, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(
-                     reinterpret_cast<const __m128i*>(at + kTileRows * 64 + 8 * r)))));
+          first, _mm512_castps128_ps512(_mm_cvtph_ps(
+                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * r)))));
       const __m512 bias = _mm512_permutexvar_ps(
-          first, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(
-                     reinterpret_cast<const __m128i*>(at + kTileRows * 64 + 32 + 8 * r)))));
+          first, _mm512_castps128_ps512(_mm_cvtph_ps(
+                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 32 + 8 * r)))));
       for (int m = 0; m < MB; ++m) {
         const int8_t* xm = xq + m * chunks * 128 + c * 128;
         const int64_t off = m * chunks * 16 + c * 16;
@@ -585,22 +600,25 @@ inline void packed_pass(const uint8_t* tile, const Prepared& p, int64_t chunks, 
   }
 }
 
-template <int MB>
+template <int BITS, int MB>
 inline void packed_tile(const uint8_t* tile, const Prepared& p, int64_t chunks, int64_t m0,
                         int64_t N, float* out, int64_t n) {
   const int64_t rows = std::min<int64_t>(kTileRows, N - n);
   if (MB == 1) {
-    packed_pass<MB, kTileRows>(tile, p, chunks, m0, 0, N, out, n, rows);
+    packed_pass<BITS, MB, kTileRows>(tile, p, chunks, m0, 0, N, out, n, rows);
     return;
   }
-  for (int r = 0; r < rows; ++r) packed_pass<MB, 1>(tile, p, chunks, m0, r, N, out, n, rows);
+  for (int r = 0; r < rows; ++r) {
+    packed_pass<BITS, MB, 1>(tile, p, chunks, m0, r, N, out, n, rows);
+  }
 }
 
 // Tiles [t_begin, t_end) against all M rows of x: each tile is read from memory once and
 // every x row passes over it while it sits in L1.
+template <int BITS>
 void packed_rows(const uint8_t* packed, const Prepared& p, int64_t M, int64_t chunks,
                  int64_t N, float* out, int64_t t_begin, int64_t t_end) {
-  const int64_t tile_bytes = chunks * kTileChunkBytes;
+  const int64_t tile_bytes = chunks * chunk_bytes<BITS>();
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_bytes;
     if (t + 1 < t_end) {
@@ -612,25 +630,29 @@ void packed_rows(const uint8_t* packed, const Prepared& p, int64_t M, int64_t ch
     }
     const int64_t n = t * kTileRows;
     int64_t m0 = 0;
-    for (; m0 + 4 <= M; m0 += 4) packed_tile<4>(tile, p, chunks, m0, N, out, n);
+    for (; m0 + 4 <= M; m0 += 4) packed_tile<BITS, 4>(tile, p, chunks, m0, N, out, n);
     switch (M - m0) {
-      case 3: packed_tile<3>(tile, p, chunks, m0, N, out, n); break;
-      case 2: packed_tile<2>(tile, p, chunks, m0, N, out, n); break;
-      case 1: packed_tile<1>(tile, p, chunks, m0, N, out, n); break;
+      case 3: packed_tile<BITS, 3>(tile, p, chunks, m0, N, out, n); break;
+      case 2: packed_tile<BITS, 2>(tile, p, chunks, m0, N, out, n); break;
+      case 1: packed_tile<BITS, 1>(tile, p, chunks, m0, N, out, n); break;
       default: break;
     }
   }
 }
 
 void packed_matmul_rows(const float* x, const uint8_t* packed, float* out, int64_t M,
-                        int64_t K, int64_t N) {
+                        int64_t K, int64_t N, int bits) {
   thread_local Prepared buffer;
   Prepared& p = buffer;
   const int64_t chunks = int8_chunks(K);
   prepare_int8(p, x, M, K, 32);
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   RowPool::instance().run(tiles * kTileRows, M * N * K, [&](int64_t begin, int64_t end) {
-    packed_rows(packed, p, M, chunks, N, out, begin / kTileRows, end / kTileRows);
+    if (bits == 4) {
+      packed_rows<4>(packed, p, M, chunks, N, out, begin / kTileRows, end / kTileRows);
+    } else {
+      packed_rows<8>(packed, p, M, chunks, N, out, begin / kTileRows, end / kTileRows);
+    }
   });
 }
 #define MLXCEL_PACKED 1
@@ -1326,7 +1348,8 @@ mx::array round_int8(const mx::array& x) {
 // x [..., K] @ the packed 4-bit weight [tiles, chunks, 320] (N real rows).
 class CpuPackedMatmul : public mx::Primitive {
  public:
-  CpuPackedMatmul(mx::Stream stream, int64_t n) : mx::Primitive(stream), n_(n) {}
+  CpuPackedMatmul(mx::Stream stream, int64_t n, int bits)
+      : mx::Primitive(stream), n_(n), bits_(bits) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -1343,13 +1366,13 @@ class CpuPackedMatmul : public mx::Primitive {
     encoder.set_output_array(out);
     Operand xo = Operand::of(inputs[0]);
     encoder.dispatch([xo = std::move(xo), w = packed.data<uint8_t>(), op = out.data<float>(), M,
-                      K, N = n_]() {
+                      K, N = n_, bits = bits_]() {
       std::vector<uint32_t> tmp;
       const float* x = static_cast<const float*>(xo.contiguous(tmp));
 #if MLXCEL_PACKED
-      packed_matmul_rows(x, w, op, M, K, N);
+      packed_matmul_rows(x, w, op, M, K, N, bits);
 #else
-      (void)x, (void)w, (void)op, (void)M, (void)K, (void)N;
+      (void)x, (void)w, (void)op, (void)M, (void)K, (void)N, (void)bits;
       throw std::runtime_error("packed 4-bit weights need AVX-512 VNNI");
 #endif
     });
@@ -1363,7 +1386,7 @@ class CpuPackedMatmul : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuPackedMatmul*>(&other);
-    return o != nullptr && o->n_ == n_;
+    return o != nullptr && o->n_ == n_ && o->bits_ == bits_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -1374,21 +1397,26 @@ class CpuPackedMatmul : public mx::Primitive {
 
  private:
   int64_t n_;
+  int bits_;
 };
 
-mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n) {
+mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n, int bits) {
   if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) % 32 != 0) {
     throw std::invalid_argument("expected float32 x [..., K], K a multiple of 32");
   }
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   const int64_t chunks = (x.shape(-1) / 32 + 3) / 4;
+  const int64_t bytes = bits == 4 ? 320 : 576;
   if (packed.dtype() != mx::uint8 || packed.ndim() != 3 || packed.shape(1) != chunks ||
-      packed.shape(2) != 320 || packed.shape(0) * 4 < n || packed.shape(0) * 4 >= n + 4) {
-    throw std::invalid_argument("packed weight [ceil(N / 4), ceil(K / 128), 320] uint8 expected");
+      packed.shape(2) != bytes || packed.shape(0) * 4 < n || packed.shape(0) * 4 >= n + 4) {
+    throw std::invalid_argument(
+        "packed weight [ceil(N / 4), ceil(K / 128), 320 or 576 (8-bit)] uint8 expected");
   }
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
   mx::Shape shape = x.shape();
   shape.back() = static_cast<int>(n);
-  return mx::array(shape, mx::float32, std::make_shared<CpuPackedMatmul>(stream, n), {x, packed});
+  return mx::array(shape, mx::float32, std::make_shared<CpuPackedMatmul>(stream, n, bits),
+                   {x, packed});
 }
 
 mx::array quantized_matmul(
@@ -1429,7 +1457,8 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w, scales, biases).T on the CPU (float32 x; 4- or 8-bit affine w).");
   m.def("packed_matmul", &packed_matmul, nb::arg("x"), nb::arg("packed"), nb::arg("n"),
-        "x @ W.T for a 4-bit weight packed in int8 tiles (layers.pack_int8), N rows, int8 x.");
+        nb::arg("bits") = 4,
+        "x @ W.T for a 4- or 8-bit weight in int8 tiles (layers.pack_int8), N rows, int8 x.");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("w"), nb::arg("eps"),
         "nn.RMSNorm on the CPU: float32 x [..., D] * rsqrt(mean(x^2) + eps) * w [D].");
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
