@@ -71,8 +71,18 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         return y
 
 
+def _tiled_matmul(layer: Any, x: mx.array) -> mx.array:
+    """x @ W.T on `layer`'s int8 tiles (float32 x)."""
+    if x.dtype != mx.float32:
+        x = x.astype(mx.float32)
+    out: mx.array = layer.kernels.packed_matmul(
+        x, layer["packed"], layer.out_features, int(layer.bits)
+    )
+    return out
+
+
 class KernelPackedLinear(nn.QuantizedLinear):
-    """A 4-bit `nn.QuantizedLinear` whose weight lives only in the int8 kernel's packed tiles
+    """A 4/8-bit `nn.QuantizedLinear` whose weight lives only in the int8 kernel's tiles
     (`pack_int8`): every matmul, decode step or prefill, runs on the kernel's int8 path, so a
     row's result never depends on how many rows share the call."""
 
@@ -81,11 +91,7 @@ class KernelPackedLinear(nn.QuantizedLinear):
     in_features: int
 
     def __call__(self, x: mx.array) -> mx.array:
-        if x.dtype != mx.float32:
-            x = x.astype(mx.float32)
-        y: mx.array = self.kernels.packed_matmul(
-            x, self["packed"], self.out_features, int(self.bits)
-        )
+        y = _tiled_matmul(self, x)
         if "bias" in self:
             y = y + self["bias"]
         return y
@@ -106,12 +112,7 @@ class KernelPackedEmbedding(nn.QuantizedEmbedding):
     in_features: int
 
     def as_linear(self, x: mx.array) -> mx.array:
-        if x.dtype != mx.float32:
-            x = x.astype(mx.float32)
-        out: mx.array = self.kernels.packed_matmul(
-            x, self["packed"], self.out_features, int(self.bits)
-        )
-        return out
+        return _tiled_matmul(self, x)
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
