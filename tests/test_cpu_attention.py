@@ -106,6 +106,11 @@ def test_wrapper_routes_few_rows_to_the_kernel_and_the_rest_to_mlx(kernels: Modu
     )
     half = [a.astype(mx.float16) for a in _qkv(1, 4, 2, 1, 8, 32)]
     assert sdpa(*half, scale=0.3).dtype == mx.float16  # other dtypes: MLX's own path
+    q, k, _ = _qkv(1, 4, 2, 1, 8, 32)
+    v = mx.random.normal((1, 2, 8, 16))  # values narrower than keys (MLA): MLX's own path
+    assert np.array_equal(
+        np.array(sdpa(q, k, v, scale=0.3)), np.array(original(q, k, v, scale=0.3))
+    )
 
 
 def test_bad_shapes_are_clear_errors(kernels: ModuleType) -> None:

@@ -65,7 +65,12 @@ def _wrap(kernels: ModuleType, original: Callable[..., mx.array]) -> Callable[..
             and q.dtype == mx.float32
             and k.dtype == mx.float32
             and v.dtype == mx.float32
+            and k.ndim == 4
             and k.shape == v.shape
+            and k.shape[0] == q.shape[0]
+            and k.shape[3] == q.shape[3]
+            and k.shape[1] > 0
+            and q.shape[1] % k.shape[1] == 0
             and mx.default_device() == mx.cpu
         ):
             kind = _kernel_mask(mask, q, k)
