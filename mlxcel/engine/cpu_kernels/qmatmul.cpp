@@ -377,30 +377,44 @@ void rows_kernel(
 inline int64_t int8_chunks(int64_t K) { return (K / 32 + 3) / 4; }
 
 void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_size) {
+  (void)group_size;
   const int64_t chunks = int8_chunks(K);
   const int64_t blocks = K / 32;
-  const int64_t groups = K / group_size;
-  p.xq.assign(static_cast<size_t>(M * chunks * 128), 0);
-  p.dx.assign(static_cast<size_t>(M * chunks * 16), 0.0f);
-  p.qsum.assign(static_cast<size_t>(M * chunks * 16), 0.0f);
+  // Resizing keeps the buffers' capacity; only a padded last chunk needs zeros.
+  p.xq.resize(static_cast<size_t>(M * chunks * 128));
+  p.dx.resize(static_cast<size_t>(M * chunks * 16));
+  p.qsum.resize(static_cast<size_t>(M * chunks * 16));
+  // x[2j] and x[2j + 1] of a block's 32 values, as 16 int32 lanes each.
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
     int8_t* q = p.xq.data() + m * chunks * 128;
     float* d = p.dx.data() + m * chunks * 16;
     float* qs = p.qsum.data() + m * chunks * 16;
+    if (blocks % 4 != 0) {
+      const int64_t tail = (blocks / 4) * 128;
+      std::memset(q + tail, 0, 128);
+      std::memset(d + (blocks / 4) * 16, 0, 16 * sizeof(float));
+      std::memset(qs + (blocks / 4) * 16, 0, 16 * sizeof(float));
+    }
     for (int64_t b = 0; b < blocks; ++b) {
-      const float* xb = xr + b * 32;
-      float amax = 0.0f;
-      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const __m512 a = _mm512_loadu_ps(xr + b * 32);
+      const __m512 c = _mm512_loadu_ps(xr + b * 32 + 16);
+      const float amax = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, c)));
       const float scale = amax / 127.0f;
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int8_t* lo = q + (b / 4) * 128 + (b % 4) * 16;
-      int32_t qsum = 0;
-      for (int j = 0; j < 16; ++j) {
-        lo[j] = static_cast<int8_t>(std::lrintf(xb[2 * j] * inv));
-        lo[64 + j] = static_cast<int8_t>(std::lrintf(xb[2 * j + 1] * inv));
-        qsum += lo[j] + lo[64 + j];
-      }
+      const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      // Rounded to nearest, ties to even (the default mode: what lrintf does).
+      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
+      const __m512i qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, inv));
+      const __m512i lo = _mm512_permutex2var_epi32(qa, even, qc);
+      const __m512i hi = _mm512_permutex2var_epi32(qa, odd, qc);
+      int8_t* at = q + (b / 4) * 128 + (b % 4) * 16;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(at), _mm512_cvtsepi32_epi8(lo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(at + 64), _mm512_cvtsepi32_epi8(hi));
+      const int32_t qsum = _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi));
       // The bias term uses the sum of the rounded x too (as llama.cpp's Q8_1 does): the
       // result is then exactly the dot product of the rounded x with the weights, whose
       // error is (x - rounded x) . w, not (x - rounded x) . (scale * q), many times larger.
@@ -621,9 +635,10 @@ void packed_rows(const uint8_t* packed, const Prepared& p, int64_t M, int64_t ch
   const int64_t tile_bytes = chunks * chunk_bytes<BITS>();
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_bytes;
-    if (t + 1 < t_end) {
-      // The next tile, while this one computes: its rows are read one by one below, which
-      // the hardware prefetcher does not follow.
+    if (M > 1 && t + 1 < t_end) {
+      // The next tile, while this one computes: with several x rows the tile's rows are
+      // read one by one, which the hardware prefetcher does not follow (one x row reads
+      // the tile in order, and software prefetches there only stall on a full queue).
       for (int64_t b = 0; b < tile_bytes; b += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(tile + tile_bytes + b), _MM_HINT_T0);
       }
