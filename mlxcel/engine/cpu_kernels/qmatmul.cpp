@@ -1230,6 +1230,84 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
 }
 
 // ---------------------------------------------------------------------------------------
+// SiLU (x * sigmoid(x), nn.silu), one vectorized op. MLX's CPU build computes exp per
+// element with a libm fma call (its JIT kernels are compiled for baseline x86-64): about
+// 24 ns an element, 2.5 ms for one 63-row SwiGLU of a 135M model, a third of its prefill.
+// exp here: 2^n * e^r with |r| <= ln2 / 2 and a degree-7 Taylor polynomial (relative error
+// under 1e-8 before rounding), so results agree with MLX's within a few float32 ulps.
+
+#if defined(__AVX512F__)
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+void silu_rows(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), v));
+    _mm512_storeu_ps(out + i, _mm512_div_ps(v, _mm512_add_ps(one, e)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = x[i] / (1.0f + std::exp(-x[i]));
+}
+
+class CpuSilu : public mx::Primitive {
+ public:
+  explicit CpuSilu(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    mx::array& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    encoder.set_input_array(inputs[0]);
+    encoder.set_output_array(out);
+    Operand xo = Operand::of(inputs[0]);
+    encoder.dispatch([xo = std::move(xo), op = out.data<float>(),
+                      n = static_cast<int64_t>(out.size())]() {
+      std::vector<uint32_t> tmp;
+      silu_rows(static_cast<const float*>(xo.contiguous(tmp)), op, n);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxcel's silu kernel runs on the CPU only");
+  }
+
+  const char* name() const override { return "MlxcelCpuSilu"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const CpuSilu*>(&other) != nullptr;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+};
+
+mx::array silu(const mx::array& x) {
+  if (x.dtype() != mx::float32) throw std::invalid_argument("expected float32 x");
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  return mx::array(x.shape(), mx::float32, std::make_shared<CpuSilu>(stream), {x});
+}
+
+// ---------------------------------------------------------------------------------------
 // RMS norm (nn.RMSNorm: x * rsqrt(mean(x^2) + eps) * w), one op. MLX's CPU rms_norm is
 // several ops (about 23 us for a decode step's 576 values, against 4 us for one
 // elementwise op); a decode step runs two per layer. Each row is summed in a fixed order.
@@ -1480,6 +1558,7 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
         nb::arg("mask_kind"), nb::arg("mask").none(),
         "softmax(scale * q k^T + mask) v on the CPU for float32 q [B, Hq, L, D], k and v "
         "[B, Hkv, S, D]; mask_kind 0 none, 1 causal, 2 additive, 3 boolean ([B, Hq, L, S]).");
+  m.def("silu", &silu, nb::arg("x"), "nn.silu (x * sigmoid(x)) of float32 x on the CPU.");
   m.def("round_int8", &round_int8, nb::arg("x"),
         "float32 x [..., K] rounded per 32 values as the int8 path rounds it, in float32.");
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"),
