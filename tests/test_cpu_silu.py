@@ -11,21 +11,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlxcel.engine.cpu_kernels import build
 from mlxcel.engine.cpu_kernels.activations import use_silu_kernel
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the CPU kernel is built for Linux's CPU backend only"
 )
-
-
-@pytest.fixture(scope="module")
-def kernels() -> ModuleType:
-    if build._compiler() is None:
-        pytest.skip("no C++ compiler here: the kernel cannot be built")
-    module = build.load_kernels()
-    assert module is not None, build.kernel_status()
-    return module
 
 
 def _mlx_silu() -> object:
