@@ -44,7 +44,11 @@ namespace {
 
 // ---------------------------------------------------------------------------------------
 // Worker pool: splits the output rows of one matmul across the machine's cores. Tasks are
-// tiny (tens of microseconds), so workers spin briefly before sleeping.
+// tiny (tens of microseconds), so a job is cut into a few chunks per thread that any thread
+// claims from one counter: the calling thread starts at once and takes every chunk no
+// worker has claimed, so a worker still waking up (a sleeping thread takes tens of
+// microseconds to run again) delays nothing; it joins for the chunks left. Workers spin
+// briefly for the next job before sleeping.
 
 class RowPool {
  public:
@@ -52,6 +56,8 @@ class RowPool {
   // Pauses a worker spins for the next job before it sleeps: long enough to catch the next
   // matmul of the same forward, short enough not to starve the Python thread for long.
   static constexpr int kSpins = 2000;
+  // Chunks per thread a job is cut into.
+  static constexpr int64_t kChunksPerThread = 4;
 
   static RowPool& instance() {
     static RowPool pool;
@@ -65,14 +71,14 @@ class RowPool {
     n = std::max(1, n);
     stop_flag_ = false;
     for (int i = 1; i < n; ++i) {
-      // A new worker starts from the current generation: earlier jobs are not its own.
-      uint64_t now = generation_.load(std::memory_order_acquire);
-      workers_.emplace_back([this, i, now] { loop(i, now); });
+      // A new worker starts from the current job: earlier jobs are not its own.
+      uint64_t now = counter_.load(std::memory_order_acquire) >> 32;
+      workers_.emplace_back([this, now] { loop(now); });
     }
   }
 
-  // Run fn(begin, end) over [0, total) in `threads()` contiguous chunks; `work` (multiply-adds)
-  // below kMinParallelWork runs on the calling thread: waking workers costs more.
+  // Run fn(begin, end) over [0, total) in contiguous chunks (consecutive chunks share their
+  // boundaries); `work` (multiply-adds) below kMinParallelWork runs on the calling thread.
   void run(int64_t total, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
     // Two MLX CPU streams (two engines) may call in at once: one job at a time.
     std::lock_guard<std::mutex> run_lock(run_mutex_);
@@ -81,16 +87,20 @@ class RowPool {
       fn(0, total);
       return;
     }
+    const int64_t chunks = std::min<int64_t>(total, n * kChunksPerThread);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = &fn;
       total_ = total;
-      pending_.store(n - 1, std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_release);
+      chunks_.store(chunks, std::memory_order_relaxed);
+      done_.store(0, std::memory_order_relaxed);
+      const uint64_t job = (counter_.load(std::memory_order_relaxed) >> 32) + 1;
+      counter_.store(job << 32, std::memory_order_release);  // chunk 0 of the new job
     }
     cv_.notify_all();
-    chunk(0, n, fn);
-    while (pending_.load(std::memory_order_acquire) != 0) {
+    const uint64_t job = counter_.load(std::memory_order_relaxed) >> 32;
+    work_on(job);
+    while (done_.load(std::memory_order_acquire) != chunks) {
 #if defined(__x86_64__)
       _mm_pause();
 #endif
@@ -102,34 +112,47 @@ class RowPool {
  private:
   RowPool() { set_threads(1); }
 
-  void chunk(int index, int n, const std::function<void(int64_t, int64_t)>& fn) {
-    int64_t per = (total_ + n - 1) / n;
-    int64_t begin = std::min<int64_t>(total_, per * index);
-    int64_t end = std::min<int64_t>(total_, begin + per);
-    if (begin < end) fn(begin, end);
+  // Claim and run chunks of `job` until none is left (or a newer job has begun).
+  void work_on(uint64_t job) {
+    while (true) {
+      uint64_t seen = counter_.load(std::memory_order_acquire);
+      uint64_t index = 0;
+      do {
+        if ((seen >> 32) != job) return;
+        index = seen & 0xFFFFFFFFu;
+        if (static_cast<int64_t>(index) >= chunks_.load(std::memory_order_relaxed)) return;
+      } while (!counter_.compare_exchange_weak(seen, seen + 1, std::memory_order_acq_rel,
+                                               std::memory_order_acquire));
+      // A claimed chunk belongs to the job the caller is still waiting on: its fields hold.
+      const int64_t i = static_cast<int64_t>(index);
+      const int64_t chunks = chunks_.load(std::memory_order_relaxed);
+      const int64_t begin = total_ * i / chunks;
+      const int64_t end = total_ * (i + 1) / chunks;
+      if (begin < end) (*job_)(begin, end);
+      done_.fetch_add(1, std::memory_order_acq_rel);
+    }
   }
 
-  void loop(int index, uint64_t seen) {
+  void loop(uint64_t seen) {
     while (true) {
-      uint64_t gen = 0;
+      uint64_t job = seen;
       for (int spin = 0; spin < kSpins; ++spin) {
-        gen = generation_.load(std::memory_order_acquire);
-        if (gen != seen || stop_flag_) break;
+        job = counter_.load(std::memory_order_acquire) >> 32;
+        if (job != seen || stop_flag_) break;
 #if defined(__x86_64__)
         _mm_pause();
 #endif
       }
-      if (gen == seen && !stop_flag_) {
+      if (job == seen && !stop_flag_) {
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait(lock, [&] {
-          return generation_.load(std::memory_order_acquire) != seen || stop_flag_;
+          return (counter_.load(std::memory_order_acquire) >> 32) != seen || stop_flag_;
         });
-        gen = generation_.load(std::memory_order_acquire);
+        job = counter_.load(std::memory_order_acquire) >> 32;
       }
       if (stop_flag_) return;
-      seen = gen;
-      chunk(index, threads(), *job_);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      seen = job;
+      work_on(job);
     }
   }
 
@@ -147,11 +170,13 @@ class RowPool {
   std::mutex mutex_;
   std::mutex run_mutex_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // The current job (high 32 bits) and its next unclaimed chunk (low 32 bits).
+  std::atomic<uint64_t> counter_{0};
+  std::atomic<int64_t> done_{0};
   std::atomic<bool> stop_flag_{false};
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t total_ = 0;
+  std::atomic<int64_t> chunks_{0};  // read before a claim, so atomic
 };
 
 // ---------------------------------------------------------------------------------------
@@ -645,7 +670,11 @@ void packed_rows(const uint8_t* packed, const Prepared& p, int64_t M, int64_t ch
     }
     const int64_t n = t * kTileRows;
     int64_t m0 = 0;
-    for (; m0 + 4 <= M; m0 += 4) packed_tile<BITS, 4>(tile, p, chunks, m0, N, out, n);
+    for (; m0 + 8 <= M; m0 += 8) packed_tile<BITS, 8>(tile, p, chunks, m0, N, out, n);
+    if (m0 + 4 <= M) {
+      packed_tile<BITS, 4>(tile, p, chunks, m0, N, out, n);
+      m0 += 4;
+    }
     switch (M - m0) {
       case 3: packed_tile<BITS, 3>(tile, p, chunks, m0, N, out, n); break;
       case 2: packed_tile<BITS, 2>(tile, p, chunks, m0, N, out, n); break;
@@ -1056,6 +1085,44 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
                    {x, offsets});
 }
 
+// exp for 16 floats: 2^n * e^r with |r| <= ln2 / 2 and a degree-7 Taylor polynomial
+// (relative error under 1e-8 before rounding); exactly 0 below -87 (and for -inf), where
+// float32's exp is at most 1.6e-38.
+#if defined(__AVX512F__)
+inline __m512 exp_ps(__m512 x) {
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
+}
+
+// e^(x[i] - top) in place for n values (a masked last step: every value takes the same path).
+inline void exp_shifted(float* x, int64_t n, float top) {
+  const __m512 t = _mm512_set1_ps(top);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                    : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    _mm512_mask_storeu_ps(x + i, m, exp_ps(_mm512_sub_ps(v, t)));
+  }
+}
+#else
+inline void exp_shifted(float* x, int64_t n, float top) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - top);
+}
+#endif
+
 // ---------------------------------------------------------------------------------------
 // Attention for a few query rows (decode steps, speculative verify rounds), one op:
 // softmax(scale * q k^T + mask) v with grouped-query heads. MLX's CPU
@@ -1077,60 +1144,166 @@ struct AttnShape {
   std::array<int64_t, 4> mask_strides;
 };
 
+// Up to kAttnRows query rows sharing one key head, against its keys: each key and value
+// row is loaded once for all of them. D = 16 * NV (kernel vectors of 16 floats).
+constexpr int kAttnRows = 4;
+
+struct AttnRow {
+  const float* q;
+  int64_t visible;  // keys it may see (causal)
+  int64_t mask_row; // offset of its mask row
+  float* out;
+};
+
+template <int NV, int R>
+void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, const float* vb,
+                     int64_t vstride, const void* mask, const AttnShape& sh, float* scores) {
+  Vec qv[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j) qv[i][j] = vload(rows[i].q + j * kWidth);
+  int64_t keys = 0;
+  for (int i = 0; i < R; ++i) keys = std::max(keys, rows[i].visible);
+  float top[R];
+  for (int i = 0; i < R; ++i) top[i] = -INFINITY;
+  for (int64_t s = 0; s < keys; ++s) {
+    const float* kr = kb + s * kstride;
+    Vec kv[NV];
+    for (int j = 0; j < NV; ++j) kv[j] = vload(kr + j * kWidth);
+    for (int i = 0; i < R; ++i) {
+      Vec dot = vzero();
+      for (int j = 0; j < NV; ++j) dot = vfma(qv[i][j], kv[j], dot);
+      float score = hsum(dot) * sh.scale;
+      if (s >= rows[i].visible) {
+        score = -INFINITY;
+      } else if (sh.mask_kind == 2) {
+        score += static_cast<const float*>(mask)[rows[i].mask_row + s * sh.mask_strides[3]];
+      } else if (sh.mask_kind == 3 &&
+                 !static_cast<const bool*>(mask)[rows[i].mask_row + s * sh.mask_strides[3]]) {
+        score = -INFINITY;
+      }
+      scores[i * sh.S + s] = score;
+      top[i] = std::max(top[i], score);
+    }
+  }
+  float total[R];
+  for (int i = 0; i < R; ++i) {
+    total[i] = 0.0f;
+    if (top[i] > -INFINITY) {
+      exp_shifted(scores + i * sh.S, keys, top[i]);
+    } else {
+      std::fill(scores + i * sh.S, scores + i * sh.S + keys, 0.0f);
+    }
+  }
+  Vec acc[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = vzero();
+  for (int64_t s = 0; s < keys; ++s) {
+    const float* vr = vb + s * vstride;
+    Vec vv[NV];
+    for (int j = 0; j < NV; ++j) vv[j] = vload(vr + j * kWidth);
+    for (int i = 0; i < R; ++i) {
+      const float p = scores[i * sh.S + s];
+      total[i] += p;
+      const Vec pv = vset1(p);
+      for (int j = 0; j < NV; ++j) acc[i][j] = vfma(pv, vv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    const Vec inv = vset1(total[i] > 0.0f ? 1.0f / total[i] : 0.0f);
+    for (int j = 0; j < NV; ++j) {
+      const Vec o = acc[i][j] * inv;
+      std::memcpy(rows[i].out + j * kWidth, &o, sizeof(Vec));
+    }
+  }
+}
+
+// Any D: one row at a time, the same operations in the same order per row.
+void attention_row_any(const AttnRow& row, const float* kb, int64_t kstride, const float* vb,
+                       int64_t vstride, const void* mask, const AttnShape& sh, float* scores,
+                       std::vector<float>& acc) {
+  float top = -INFINITY;
+  for (int64_t s = 0; s < row.visible; ++s) {
+    const float* kr = kb + s * kstride;
+    float score = 0.0f;
+    for (int64_t d = 0; d < sh.D; ++d) score += row.q[d] * kr[d];
+    score *= sh.scale;
+    if (sh.mask_kind == 2) {
+      score += static_cast<const float*>(mask)[row.mask_row + s * sh.mask_strides[3]];
+    } else if (sh.mask_kind == 3 &&
+               !static_cast<const bool*>(mask)[row.mask_row + s * sh.mask_strides[3]]) {
+      score = -INFINITY;
+    }
+    scores[s] = score;
+    top = std::max(top, score);
+  }
+  std::fill(acc.begin(), acc.end(), 0.0f);
+  float total = 0.0f;
+  if (top > -INFINITY) {
+    exp_shifted(scores, row.visible, top);
+    for (int64_t s = 0; s < row.visible; ++s) {
+      const float p = scores[s];
+      total += p;
+      const float* vr = vb + s * vstride;
+      for (int64_t d = 0; d < sh.D; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
+    }
+  }
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  for (int64_t d = 0; d < sh.D; ++d) row.out[d] = acc[static_cast<size_t>(d)] * inv;
+}
+
+template <int NV>
+void attention_groups(const std::vector<AttnRow>& rows, const float* kb, int64_t kstride,
+                      const float* vb, int64_t vstride, const void* mask, const AttnShape& sh,
+                      float* scores) {
+  constexpr int R = NV <= 4 ? kAttnRows : 2;  // q rows and accumulators stay in registers
+  size_t i = 0;
+  for (; i + R <= rows.size(); i += R) {
+    attention_group<NV, R>(rows.data() + i, kb, kstride, vb, vstride, mask, sh, scores);
+  }
+  if (R > 2 && i + 2 <= rows.size()) {
+    attention_group<NV, 2>(rows.data() + i, kb, kstride, vb, vstride, mask, sh, scores);
+    i += 2;
+  }
+  for (; i < rows.size(); ++i) {
+    attention_group<NV, 1>(rows.data() + i, kb, kstride, vb, vstride, mask, sh, scores);
+  }
+}
+
 void attention_rows(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
                     const AttnShape& sh, float* out) {
-  std::vector<float> scores(static_cast<size_t>(sh.S));
+  std::vector<float> scores(static_cast<size_t>(kAttnRows * sh.S));
   std::vector<float> acc(static_cast<size_t>(sh.D));
+  std::vector<AttnRow> rows;
   const int64_t group = sh.Hq / sh.Hkv;
+  const bool vectors = kWidth > 1 && sh.D % kWidth == 0 &&
+                       (sh.D / kWidth == 2 || sh.D / kWidth == 4 || sh.D / kWidth == 8);
   for (int64_t b = 0; b < sh.B; ++b) {
-    for (int64_t h = 0; h < sh.Hq; ++h) {
-      const int64_t kh = h / group;
+    for (int64_t kh = 0; kh < sh.Hkv; ++kh) {
       const float* kb = k.data + b * k.strides[0] + kh * k.strides[1];
       const float* vb = v.data + b * v.strides[0] + kh * v.strides[1];
-      for (int64_t l = 0; l < sh.L; ++l) {
-        const float* qr = q.data + b * q.strides[0] + h * q.strides[1] + l * q.strides[2];
-        const int64_t visible = sh.mask_kind == 1 ? std::min(sh.S, sh.S - sh.L + l + 1) : sh.S;
-        const int64_t mrow = b * sh.mask_strides[0] + h * sh.mask_strides[1] +
-                             l * sh.mask_strides[2];
-        float top = -INFINITY;
-        for (int64_t s = 0; s < visible; ++s) {
-          const float* kr = kb + s * k.strides[2];
-          int64_t d = 0;
-          Vec dot = vzero();
-          for (; d + kWidth <= sh.D; d += kWidth) dot = vfma(vload(qr + d), vload(kr + d), dot);
-          float score = hsum(dot);
-          for (; d < sh.D; ++d) score += qr[d] * kr[d];
-          score *= sh.scale;
-          if (sh.mask_kind == 2) {
-            score += static_cast<const float*>(mask)[mrow + s * sh.mask_strides[3]];
-          } else if (sh.mask_kind == 3 &&
-                     !static_cast<const bool*>(mask)[mrow + s * sh.mask_strides[3]]) {
-            score = -INFINITY;
-          }
-          scores[static_cast<size_t>(s)] = score;
-          top = std::max(top, score);
+      rows.clear();
+      for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+        for (int64_t l = 0; l < sh.L; ++l) {
+          const int64_t visible =
+              sh.mask_kind == 1 ? std::min(sh.S, sh.S - sh.L + l + 1) : sh.S;
+          const int64_t mrow =
+              b * sh.mask_strides[0] + h * sh.mask_strides[1] + l * sh.mask_strides[2];
+          rows.push_back({q.data + b * q.strides[0] + h * q.strides[1] + l * q.strides[2],
+                          std::max<int64_t>(visible, 0), mrow,
+                          out + ((b * sh.Hq + h) * sh.L + l) * sh.D});
         }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        float total = 0.0f;
-        if (top > -INFINITY) {
-          for (int64_t s = 0; s < visible; ++s) {
-            const float p = std::exp(scores[static_cast<size_t>(s)] - top);
-            if (p == 0.0f) continue;
-            total += p;
-            const float* vr = vb + s * v.strides[2];
-            int64_t d = 0;
-            const Vec pv = vset1(p);
-            for (; d + kWidth <= sh.D; d += kWidth) {
-              Vec a = vload(acc.data() + d);
-              a = vfma(pv, vload(vr + d), a);
-              std::memcpy(acc.data() + d, &a, sizeof(Vec));
-            }
-            for (; d < sh.D; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
-          }
+      }
+      if (!vectors) {
+        for (const AttnRow& row : rows) {
+          attention_row_any(row, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data(),
+                            acc);
         }
-        float* o = out + ((b * sh.Hq + h) * sh.L + l) * sh.D;
-        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-        for (int64_t d = 0; d < sh.D; ++d) o[d] = acc[static_cast<size_t>(d)] * inv;
+        continue;
+      }
+      switch (sh.D / kWidth) {
+        case 2: attention_groups<2>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
+        case 4: attention_groups<4>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
+        default: attention_groups<8>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
       }
     }
   }
@@ -1236,24 +1409,6 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
 // exp here: 2^n * e^r with |r| <= ln2 / 2 and a degree-7 Taylor polynomial (relative error
 // under 1e-8 before rounding), so results agree with MLX's within a few float32 ulps.
 
-#if defined(__AVX512F__)
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
 
 void silu_rows(const float* x, float* out, int64_t n) {
   int64_t i = 0;
