@@ -195,6 +195,15 @@ def test_which_routes_wake_the_model(method: str, path: str, wakes: bool) -> Non
     assert wakes_model(method, f"/api{path}", "/api") is wakes
 
 
+def _wait_unloaded(engine: Any) -> None:
+    """Until the engine is asleep and has dropped its model: `sleeping` turns true when the
+    engine decides to sleep, a moment before its thread releases the network."""
+    deadline = time.monotonic() + 10
+    while not (engine.sleeping and engine.loaded.model is None):
+        assert time.monotonic() < deadline, "the engine did not sleep"
+        time.sleep(0.05)
+
+
 def test_engine_survives_a_failed_reload(tiny_llama_dir: Path) -> None:
     """A reload that fails fails the waiting requests and leaves the engine asleep; the
     next request reloads again. The unloaded engine holds no network."""
@@ -229,10 +238,7 @@ def test_engine_survives_a_failed_reload(tiny_llama_dir: Path) -> None:
     try:
         first = run()
         assert first[-1].finish_reason == "length"
-        deadline = time.monotonic() + 10
-        while not engine.sleeping:
-            assert time.monotonic() < deadline, "the engine did not sleep"
-            time.sleep(0.05)
+        _wait_unloaded(engine)
         assert engine.loaded.model is None
         gc.collect()
         assert network() is None  # nothing holds the unloaded network any more
@@ -276,10 +282,7 @@ def test_sleep_frees_the_draft_model_and_wake_restores_speculation(tiny_llama_di
     try:
         first = run()
         assert first[-1].timings.draft_n > 0
-        deadline = time.monotonic() + 10
-        while not engine.sleeping:
-            assert time.monotonic() < deadline, "the engine did not sleep"
-            time.sleep(0.05)
+        _wait_unloaded(engine)
         gc.collect()
         assert [ref() for ref in networks] == [None, None]
         again = run()
@@ -369,10 +372,7 @@ def test_a_sleeping_vision_engine_holds_no_network(tmp_path: Path) -> None:
 
     try:
         first = run()
-        deadline = time.monotonic() + 10
-        while not engine.sleeping:
-            assert time.monotonic() < deadline, "the engine did not sleep"
-            time.sleep(0.05)
+        _wait_unloaded(engine)
         gc.collect()
         assert network() is None and engine.loaded.model is None
         assert run() == first
