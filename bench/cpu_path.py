@@ -7,11 +7,12 @@ the "before" configuration (MLX's bundled BLAS, weights as stored: what plain ml
 
     .venv/bin/python bench/cpu_path.py [-p 64] [-n 24] [-r 2] [--llama-bench PATH]
 
-"after" is the default (`--cpu-dtype auto`, `MLXCEL_BLAS=auto`): quantized weights stay
-packed and decode runs on mlxcel's CPU kernel with int8 activations where the CPU has
-AVX-512 VNNI, prefill on a float32 copy through OpenBLAS (the PyPI one unless a system
-OpenBLAS is installed). The row before it is the same with `MLXCEL_KERNEL_INT8=off` (the
-kernel with float32 activations, as before issue 18).
+"after" is the default (`--cpu-dtype auto`, `MLXCEL_BLAS=auto`): where the CPU has AVX-512
+VNNI the quantized layers are repacked into the kernel's int8 tiles, which serve decode and
+prefill alike with int8 activations (elsewhere decode runs on the kernel and prefill on a
+float32 copy through OpenBLAS, the PyPI one unless a system OpenBLAS is installed). The row
+before it is the same with `MLXCEL_KERNEL_INT8=off` (MLX's layout and float32 activations,
+prefill on the float32 copy).
 
 For scale it prints the ratio to llama.cpp on the same GGUF: pass `--llama-bench PATH` (a
 `llama-bench` built from llama.cpp; it runs before and after mlxcel's configurations, with
