@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 KERNELS_ENV = "MLXCEL_CPU_KERNELS"
 KERNEL_DIR_ENV = "MLXCEL_KERNEL_DIR"
 CFLAGS_ENV = "MLXCEL_KERNEL_CFLAGS"  # extra compiler flags, e.g. "-mno-avx512f"
-INT8_ENV = "MLXCEL_KERNEL_INT8"  # off: 4-bit matmuls keep float32 activations
+INT8_ENV = "MLXCEL_KERNEL_INT8"  # off: no int8 tiles, float32 activations
 MODULE_NAME = "_mlxcel_cpu_kernels"
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
 
@@ -227,9 +227,10 @@ def _self_test(module: ModuleType) -> None:
 
 
 def int8_enabled() -> bool:
-    """False when `MLXCEL_KERNEL_INT8=off` keeps float32 activations; by default 4-bit
-    matmuls round activations to int8 where the CPU has integer dot products (AVX-512 VNNI),
-    and prefill through the float32 copy rounds them the same way (the kernel's `round_int8`)."""
+    """False when `MLXCEL_KERNEL_INT8=off` keeps float32 activations (and MLX's layout for
+    every layer); by default, where the CPU has integer dot products (AVX-512 VNNI), 4/8-bit
+    layers are repacked into the kernel's int8 tiles and the others round 4-bit activations
+    to int8, prefill through a float32 copy included (the kernel's `round_int8`)."""
     value = os.environ.get(INT8_ENV, "auto").strip().lower()
     return value not in ("off", "0", "false", "no", "none")
 
