@@ -80,6 +80,30 @@ def test_masked_padding_keys_change_nothing(kernels: ModuleType) -> None:
     assert np.array_equal(np.array(alone), np.array(padded))
 
 
+@pytest.mark.parametrize("mask", [None, "bool"])
+def test_split_across_threads_is_bit_identical(kernels: ModuleType, mask: str | None) -> None:
+    """A batched decode call large enough to be split across the pool's threads (by batch
+    row and key head) gives exactly what one thread gives, and matches MLX."""
+    q, k, v = _qkv(8, 8, 4, 1, 300, 64)
+    m = None
+    if mask == "bool":
+        m = mx.random.uniform(shape=(8, 1, 1, 300), key=mx.random.key(3)) > 0.2
+        m[..., -1] = True
+    kind = _kernel_mask(m, q, k)
+    assert kind is not None
+    threads = kernels.threads()
+    try:
+        kernels.set_threads(1)
+        one = np.array(kernels.attention(q, k, v, 0.125, kind[0], kind[1]))
+        kernels.set_threads(2)
+        two = np.array(kernels.attention(q, k, v, 0.125, kind[0], kind[1]))
+    finally:
+        kernels.set_threads(threads)
+    assert np.array_equal(one, two)
+    want = _mlx_sdpa()(q, k, v, scale=0.125, mask=m)  # type: ignore[operator]
+    np.testing.assert_allclose(two, np.array(want), atol=2e-6, rtol=1e-5)
+
+
 def test_wrapper_routes_few_rows_to_the_kernel_and_the_rest_to_mlx(kernels: ModuleType) -> None:
     assert use_attention_kernel(kernels)
     assert use_attention_kernel(kernels)  # idempotent: wrapped once

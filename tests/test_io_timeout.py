@@ -72,6 +72,45 @@ def test_a_client_that_stops_reading_is_dropped(hf_tokenizer: Any) -> None:
     assert engine.requests and engine.cancelled == engine.requests
 
 
+def test_a_slow_reader_that_keeps_reading_is_not_dropped(hf_tokenizer: Any) -> None:
+    """Each write may take up to `--timeout`: writes of 0.6 s each under `--timeout 1`,
+    three seconds in all, finish the stream (the check times each write, not the stream)."""
+    engine = SlowEngine(finish_after=1.5)
+    app, _ = stand_in_app(hf_tokenizer, engine, timeout=1)
+    scope, payload = _chat(stream=True)
+    bodies: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.sleep(0.6)  # the client reads, slowly
+            bodies.append(message.get("body", b""))
+
+    took = _call(app, scope, body_then_wait(payload), send, limit=20)
+    assert took >= 1.5
+    assert engine.cancelled == []
+    assert b"data: [DONE]" in b"".join(bodies)
+
+
+def test_a_client_that_stops_reading_mid_stream_is_dropped(hf_tokenizer: Any) -> None:
+    """Writes that go through at once, then one that never does: dropped after about
+    `--timeout` from that write, the request cancelled."""
+    engine = SlowEngine(finish_after=0.3)
+    app, _ = stand_in_app(hf_tokenizer, engine, timeout=1)
+    scope, payload = _chat(stream=True)
+    writes = 0
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal writes
+        if message["type"] == "http.response.body":
+            writes += 1
+            if writes == 2:  # the first chunk went out; the window is full from here
+                await asyncio.sleep(3600)
+
+    took = _call(app, scope, body_then_wait(payload), send, limit=10)
+    assert 1.0 <= took < 5
+    assert writes == 2
+
+
 def test_a_client_that_stalls_sending_its_body_is_dropped(hf_tokenizer: Any) -> None:
     engine = SlowEngine(finish_after=0.0)
     app, _ = stand_in_app(hf_tokenizer, engine, timeout=1)

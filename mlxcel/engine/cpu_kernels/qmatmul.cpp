@@ -78,12 +78,14 @@ class RowPool {
   }
 
   // Run fn(begin, end) over [0, total) in contiguous chunks (consecutive chunks share their
-  // boundaries); `work` (multiply-adds) below kMinParallelWork runs on the calling thread.
-  void run(int64_t total, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
+  // boundaries); `work` (multiply-adds) below `min_work`, or fewer than `min_total` units,
+  // runs on the calling thread.
+  void run(int64_t total, int64_t work, const std::function<void(int64_t, int64_t)>& fn,
+           int64_t min_work = kMinParallelWork, int64_t min_total = 64) {
     // Two MLX CPU streams (two engines) may call in at once: one job at a time.
     std::lock_guard<std::mutex> run_lock(run_mutex_);
     int n = threads();
-    if (n == 1 || total < 64 || work < kMinParallelWork) {
+    if (n == 1 || total < min_total || work < min_work) {
       fn(0, total);
       return;
     }
@@ -1269,44 +1271,63 @@ void attention_groups(const std::vector<AttnRow>& rows, const float* kb, int64_t
   }
 }
 
-void attention_rows(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
-                    const AttnShape& sh, float* out) {
-  std::vector<float> scores(static_cast<size_t>(kAttnRows * sh.S));
-  std::vector<float> acc(static_cast<size_t>(sh.D));
-  std::vector<AttnRow> rows;
+// Attention work (query rows x keys x head size) from which the (batch, key head) units are
+// split across the pool: a batched decode step at a few dozen keys, one sequence at several
+// hundred. Smaller calls (tens of microseconds) run on the calling thread.
+constexpr int64_t kAttnMinParallelWork = int64_t{128} << 10;
+
+// The query rows of batch b that share key head kh, against that head's keys and values.
+void attention_unit(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
+                    const AttnShape& sh, float* out, int64_t b, int64_t kh, bool vectors,
+                    std::vector<AttnRow>& rows, std::vector<float>& scores,
+                    std::vector<float>& acc) {
   const int64_t group = sh.Hq / sh.Hkv;
-  const bool vectors = kWidth > 1 && sh.D % kWidth == 0 &&
-                       (sh.D / kWidth == 2 || sh.D / kWidth == 4 || sh.D / kWidth == 8);
-  for (int64_t b = 0; b < sh.B; ++b) {
-    for (int64_t kh = 0; kh < sh.Hkv; ++kh) {
-      const float* kb = k.data + b * k.strides[0] + kh * k.strides[1];
-      const float* vb = v.data + b * v.strides[0] + kh * v.strides[1];
-      rows.clear();
-      for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-        for (int64_t l = 0; l < sh.L; ++l) {
-          const int64_t visible =
-              sh.mask_kind == 1 ? std::min(sh.S, sh.S - sh.L + l + 1) : sh.S;
-          const int64_t mrow =
-              b * sh.mask_strides[0] + h * sh.mask_strides[1] + l * sh.mask_strides[2];
-          rows.push_back({q.data + b * q.strides[0] + h * q.strides[1] + l * q.strides[2],
-                          std::max<int64_t>(visible, 0), mrow,
-                          out + ((b * sh.Hq + h) * sh.L + l) * sh.D});
-        }
-      }
-      if (!vectors) {
-        for (const AttnRow& row : rows) {
-          attention_row_any(row, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data(),
-                            acc);
-        }
-        continue;
-      }
-      switch (sh.D / kWidth) {
-        case 2: attention_groups<2>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
-        case 4: attention_groups<4>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
-        default: attention_groups<8>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
-      }
+  const float* kb = k.data + b * k.strides[0] + kh * k.strides[1];
+  const float* vb = v.data + b * v.strides[0] + kh * v.strides[1];
+  rows.clear();
+  for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+    for (int64_t l = 0; l < sh.L; ++l) {
+      const int64_t visible = sh.mask_kind == 1 ? std::min(sh.S, sh.S - sh.L + l + 1) : sh.S;
+      const int64_t mrow = b * sh.mask_strides[0] + h * sh.mask_strides[1] + l * sh.mask_strides[2];
+      rows.push_back({q.data + b * q.strides[0] + h * q.strides[1] + l * q.strides[2],
+                      std::max<int64_t>(visible, 0), mrow,
+                      out + ((b * sh.Hq + h) * sh.L + l) * sh.D});
     }
   }
+  if (!vectors) {
+    for (const AttnRow& row : rows) {
+      attention_row_any(row, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data(), acc);
+    }
+    return;
+  }
+  switch (sh.D / kWidth) {
+    case 2: attention_groups<2>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
+    case 4: attention_groups<4>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
+    default: attention_groups<8>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
+  }
+}
+
+// Every (batch, key head) unit is independent and computed the same way on any thread, so
+// the result does not depend on how the units are split.
+void attention_rows(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
+                    const AttnShape& sh, float* out) {
+  const bool vectors = kWidth > 1 && sh.D % kWidth == 0 &&
+                       (sh.D / kWidth == 2 || sh.D / kWidth == 4 || sh.D / kWidth == 8);
+  const int64_t units = sh.B * sh.Hkv;
+  const int64_t work = sh.B * sh.Hq * sh.L * sh.S * sh.D;
+  RowPool::instance().run(
+      units, work,
+      [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> scores, acc;
+        thread_local std::vector<AttnRow> rows;
+        scores.resize(static_cast<size_t>(kAttnRows * sh.S));
+        acc.resize(static_cast<size_t>(sh.D));
+        for (int64_t u = begin; u < end; ++u) {
+          attention_unit(q, k, v, mask, sh, out, u / sh.Hkv, u % sh.Hkv, vectors, rows, scores,
+                         acc);
+        }
+      },
+      kAttnMinParallelWork, 2);
 }
 
 class CpuAttention : public mx::Primitive {
