@@ -586,8 +586,11 @@ constexpr int64_t chunk_bytes() {
   return kTileRows * 16 * BITS + 2 * kTileRows * 4 * 2;  // 320 (4-bit) or 576 (8-bit)
 }
 
-// One weight row of a tile (or, with ROWS = 4, all four at once: one x row decoding
-// reads the tile as one stream) against MB rows of x.
+// ROWS weight rows of a tile (from r0) against MB rows of x. Per chunk the ROWS rows'
+// weights and scales are loaded and widened once, then each x row's values are loaded once
+// for all ROWS weight rows: a decode step (one x row, ROWS = 4) reads the tile as one
+// stream. Every (x row, weight row) pair gets the same operations in the same order
+// whatever MB, ROWS and r0 are.
 template <int BITS, int MB, int ROWS>
 inline void packed_pass(const uint8_t* tile, const Prepared& p, int64_t chunks, int64_t m0,
                         int r0, int64_t N, float* out, int64_t n, int64_t rows) {
@@ -604,32 +607,39 @@ inline void packed_pass(const uint8_t* tile, const Prepared& p, int64_t chunks, 
     constexpr int64_t row_bytes = 16 * BITS;
     const uint8_t* at = tile + c * chunk_bytes<BITS>();
     const uint8_t* scales = at + kTileRows * row_bytes;
+    __m512i lo[ROWS], hi[ROWS];
+    __m512 s[ROWS], bias[ROWS];
     for (int i = 0; i < ROWS; ++i) {
       const int r = r0 + i;
-      __m512i lo, hi;
       if constexpr (BITS == 4) {
         const __m512i wq = _mm512_loadu_si512(at + row_bytes * r);
-        lo = _mm512_and_si512(wq, nibble);
-        hi = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
+        lo[i] = _mm512_and_si512(wq, nibble);
+        hi[i] = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
       } else {
-        lo = _mm512_loadu_si512(at + row_bytes * r);
-        hi = _mm512_loadu_si512(at + row_bytes * r + 64);
+        lo[i] = _mm512_loadu_si512(at + row_bytes * r);
+        hi[i] = _mm512_loadu_si512(at + row_bytes * r + 64);
       }
       // Row r's 4 float16 scales (and biases): 8 bytes, widened and spread 4 lanes each.
-      const __m512 s = _mm512_permutexvar_ps(
+      s[i] = _mm512_permutexvar_ps(
           first, _mm512_castps128_ps512(_mm_cvtph_ps(
                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * r)))));
-      const __m512 bias = _mm512_permutexvar_ps(
+      bias[i] = _mm512_permutexvar_ps(
           first, _mm512_castps128_ps512(_mm_cvtph_ps(
                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 32 + 8 * r)))));
-      for (int m = 0; m < MB; ++m) {
-        const int8_t* xm = xq + m * chunks * 128 + c * 128;
-        const int64_t off = m * chunks * 16 + c * 16;
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xm));
-        dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(xm + 64));
-        total[i][m] = _mm512_fmadd_ps(bias, _mm512_loadu_ps(qsum + off), total[i][m]);
-        total[i][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                      _mm512_mul_ps(s, _mm512_loadu_ps(dx + off)), total[i][m]);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const int8_t* xm = xq + m * chunks * 128 + c * 128;
+      const int64_t off = m * chunks * 16 + c * 16;
+      const __m512i xlo = _mm512_loadu_si512(xm);
+      const __m512i xhi = _mm512_loadu_si512(xm + 64);
+      const __m512 q = _mm512_loadu_ps(qsum + off);
+      const __m512 d = _mm512_loadu_ps(dx + off);
+      for (int i = 0; i < ROWS; ++i) {
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], xlo);
+        dot = _mm512_dpbusd_epi32(dot, hi[i], xhi);
+        total[i][m] = _mm512_fmadd_ps(bias[i], q, total[i][m]);
+        total[i][m] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[i], d), total[i][m]);
       }
     }
   }
