@@ -37,6 +37,57 @@ class ClientStalled(ConnectionError):
     """The client neither sent nor read anything for `--timeout` seconds."""
 
 
+class _SendWatch:
+    """Cancels a response write that has waited `seconds` for the client to read.
+
+    A write the socket takes at once (nearly every SSE chunk of a client that keeps
+    reading) costs two attribute stores; one timer per response, armed by the first write
+    and re-armed at most once per `seconds`, checks the write in progress, where a timeout
+    context per write cost a timer handle each.
+    """
+
+    __slots__ = ("_loop", "_seconds", "_task", "_since", "_timer", "fired")
+
+    def __init__(self, seconds: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._seconds = seconds
+        self._task: asyncio.Task[Any] | None = None  # the task whose write is waiting
+        self._since = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.fired = False
+
+    def begin(self) -> asyncio.Task[Any] | None:
+        """A write starts in the current task; returns that task."""
+        task = asyncio.current_task()
+        self._task, self._since = task, self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._since + self._seconds, self._check)
+        return task
+
+    def end(self) -> None:
+        """The write finished (or failed)."""
+        self._task = None
+
+    def close(self) -> None:
+        """The response is over: no more checks."""
+        self._task = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        task = self._task
+        if task is None:  # no write waiting: the next write arms the timer again
+            return
+        due = self._since + self._seconds
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self.fired = True
+        task.cancel()
+
+
 class IoTimeout:
     """ASGI middleware applying `--timeout` to request-body reads and response writes."""
 
@@ -66,14 +117,24 @@ class IoTimeout:
                 body_done = True
             return message
 
+        watch = _SendWatch(seconds)
+
         async def timed_send(message: Message) -> None:
             nonlocal stalled, started
             started = started or message["type"] == "http.response.start"
+            task = watch.begin()
             try:
-                await _within(send(message), seconds)
-            except (TimeoutError, asyncio.TimeoutError) as exc:
+                await send(message)
+            except asyncio.CancelledError:
+                if not watch.fired:
+                    raise
                 stalled = True
-                raise ClientStalled(f"the client read nothing for {seconds:g} s") from exc
+                uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+                if uncancel is not None:
+                    uncancel()
+                raise ClientStalled(f"the client read nothing for {seconds:g} s") from None
+            finally:
+                watch.end()
 
         failure: BaseException | None = None
         try:
@@ -82,6 +143,8 @@ class IoTimeout:
             if not stalled:
                 raise
             failure = exc
+        finally:
+            watch.close()
         if not stalled:
             return
         _log_stalled(scope, failure)
