@@ -11,6 +11,12 @@ tokens after each stream's first, over the span from the earliest first token to
 last one. Prints medians, ranges and the ratios against the targets: 8 clients >= 3.5x one
 client, and mlxcel >= 2.5x mlx_lm.server at 8 clients.
 
+Clients: `--client lean` (the default) streams each request over a bare asyncio connection
+(`_common.stream_chat_lean`), `--client httpx` through an `httpx.AsyncClient`. On a 2-core
+machine the load generator shares the CPU with the server it measures: httpx took about
+140 us of CPU per streamed token, the lean client about 35, which the report prints as
+`client CPU`.
+
 `--mixed`: every client asks for its own temperature and seed (0, 0.5, 0.7, ... 1.3; the
 other settings at their defaults), the load batched sampling is for. The server
 `mlxcel-per-request` is `mlxcel serve` with `MLXCEL_BATCHED_SAMPLING=0` (each request its
@@ -19,7 +25,7 @@ own sampler closure, called row by row: the path before batched sampling); with 
 
     .venv/bin/python bench/serve_concurrency.py [-m MLX_DIR] [-n TOKENS] [-r REPS] [--mixed]
         [-s mlxcel,mlxcel-per-request,mlx_lm,mlx_lm+blas] [--route chat|completions]
-        [--blas-threads N]
+        [--blas-threads N] [--client lean|httpx]
 """
 
 from __future__ import annotations
@@ -109,6 +115,12 @@ def main() -> None:
         "--mixed", action="store_true", help="a different temperature and seed per client"
     )
     parser.add_argument("--route", choices=("chat", "completions"), default="chat")
+    parser.add_argument(
+        "--client",
+        choices=("lean", "httpx"),
+        default="lean",
+        help="load generator: a bare connection per stream, or httpx.AsyncClient",
+    )
     parser.add_argument("--budget", type=float, default=900.0, help="stop after this many s")
     parser.add_argument(
         "--blas-threads",
@@ -124,7 +136,8 @@ def main() -> None:
     sampling = (
         "mixed temperatures " + ",".join(map(str, MIXED_TEMPERATURES)) if args.mixed else "greedy"
     )
-    print(f"sampling: {sampling}; route: /v1/{'chat/' if args.route == 'chat' else ''}completions")
+    route = f"/v1/{'chat/' if args.route == 'chat' else ''}completions"
+    print(f"sampling: {sampling}; route: {route}; client: {args.client}")
     bias = eos_bias(model)
     slots = max(levels)
     wanted = args.servers.split(",")
@@ -151,25 +164,31 @@ def main() -> None:
     deadline = time.monotonic() + args.budget
     rates: dict[tuple[str, int], list[float]] = {(s, n): [] for s in servers for n in levels}
     per_cpu: dict[tuple[str, int], list[float]] = {(s, n): [] for s in servers for n in levels}
+    client_us: dict[tuple[str, int], list[float]] = {(s, n): [] for s in servers for n in levels}
     try:
         for server in servers.values():
             server.start()
             warm = _bodies(slots, 4, bias, mixed=args.mixed, route=args.route)
-            asyncio.run(concurrent_round(server.url, warm, route=args.route))  # warm-up
+            asyncio.run(  # warm-up
+                concurrent_round(server.url, warm, route=args.route, client=args.client)
+            )
         for rep in range(args.reps):
             for n in levels:
                 for name, server in servers.items():
                     if time.monotonic() > deadline:
                         raise _BudgetSpent
                     bodies = _bodies(n, args.tokens, bias, mixed=args.mixed, route=args.route)
-                    cpu = _cpu_seconds(server)
-                    results = asyncio.run(concurrent_round(server.url, bodies, route=args.route))
-                    cpu = _cpu_seconds(server) - cpu
+                    cpu, own = _cpu_seconds(server), time.process_time()
+                    results = asyncio.run(
+                        concurrent_round(server.url, bodies, route=args.route, client=args.client)
+                    )
+                    cpu, own = _cpu_seconds(server) - cpu, time.process_time() - own
                     rate = aggregate_decode_rate(results)
                     rates[(name, n)].append(rate)
                     if cpu > 0:
                         per_cpu[(name, n)].append(sum(r.tokens for r in results) / cpu)
                     tokens = sorted({r.tokens for r in results})
+                    client_us[(name, n)].append(own / max(1, sum(r.tokens for r in results)) * 1e6)
                     print(
                         f"rep {rep + 1} {name:7} {n} clients: {rate:7.1f} tok/s, "
                         f"{per_cpu[(name, n)][-1] if cpu > 0 else 0:6.1f} tok/CPU-s "
@@ -196,6 +215,14 @@ def main() -> None:
     cpu_med = {key: median(values) for key, values in per_cpu.items() if values}
     for name in servers:
         cells = "".join(f"{cpu_med.get((name, n), float('nan')):13.1f}" for n in levels)
+        print(f"{name + ' (median)':28}{cells}")
+    header = f"client CPU us/token ({args.client})"
+    print(f"{header:28}" + "".join(f"{n:>10} cl" for n in levels))
+    for name in servers:
+        cells = "".join(
+            f"{median(client_us[(name, n)]) if client_us[(name, n)] else float('nan'):13.1f}"
+            for n in levels
+        )
         print(f"{name + ' (median)':28}{cells}")
     top, one = max(levels), min(levels)
     for name in servers:
