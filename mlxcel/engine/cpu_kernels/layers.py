@@ -5,8 +5,8 @@
 
 Where the CPU has AVX-512 VNNI (the int8 path), a 4-bit linear layer whose scales and
 biases are exact in float16 (GGUF's always are) becomes a `KernelPackedLinear`: its weight
-is repacked once into the kernel's int8 tiles (`pack_int8`: every 4 rows stored chunk by
-chunk with their float16 block scales, one sequential stream) and MLX's three arrays are
+is repacked once into the kernel's int8 tiles (`pack_int8`: every 16 rows stored block by
+block with their float16 block scales, one sequential stream) and MLX's three arrays are
 dropped. Every matmul of that layer, a decode step or a 512-row prefill, runs on the tiles
 with int8 activations, each tile read once per call while every row of x passes over it;
 a row's result is therefore the same whatever else shares the call.
@@ -233,45 +233,43 @@ def supports(module: Any) -> bool:
     return bits in (4, 8) and group_size % 32 == 0 and in_features % group_size == 0
 
 
-_TILE_ROWS = 4  # weight rows per tile (the kernel's kTileRows)
+_TILE_ROWS = 16  # weight rows per tile (the kernel's kRowTile)
 
 
 def pack_int8(
     weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int = 4
 ) -> mx.array:
     """A 4- or 8-bit affine weight ([N, K * bits / 32] uint32, [N, K / group_size] scales
-    and biases) in the int8 kernel's tiles: [ceil(N / 4), ceil(K / 128), 320 or 576] uint8,
-    zero-padded. Per chunk of 128 values a tile holds its 4 rows' weight bytes (8-bit: each
-    32-block's 16 even values, then its 16 odd ones), then their block scales and biases
-    as float16."""
+    and biases) in the int8 kernel's tiles: [ceil(N / 16), K / 32, 320 or 576] uint8, rows
+    past N zero. Per 32-value block a tile holds its 16 rows' weights in groups of 4
+    values (4-bit: one byte per row and value pair k, k + 4, low nibble first; 8-bit: one
+    byte a value), each group 16 rows x 4 bytes, then the 16 block scales and the 16 block
+    biases as float16."""
     n = int(weight.shape[0])
     k = int(weight.shape[1]) * 32 // bits
     blocks = k // 32
-    chunks = (blocks + 3) // 4
     tiles = (n + _TILE_ROWS - 1) // _TILE_ROWS
-
-    def tiled(values: np.ndarray) -> np.ndarray:
-        """[tiles * 4, chunks * width] -> [tiles, chunks, 4 * width] bytes."""
-        width = values.shape[1] // chunks
-        shaped = values.reshape(tiles, _TILE_ROWS, chunks, width).transpose(0, 2, 1, 3)
-        return np.ascontiguousarray(shaped).reshape(tiles, chunks, -1).view(np.uint8)
-
+    rows = tiles * _TILE_ROWS
     raw = np.asarray(weight).view(np.uint8).reshape(n, k * bits // 8)
-    rows = np.zeros((tiles * _TILE_ROWS, chunks * 16 * bits), np.uint8)
+    values = np.zeros((rows, k), np.uint8)
+    groups: np.ndarray
     if bits == 4:
-        rows[:n, : k // 2] = raw
+        values[:n, 0::2] = raw & 0x0F  # MLX packs the lower nibble first
+        values[:n, 1::2] = raw >> 4
+        # [tile, row, block, group, k or k + 4, value in group]
+        split = values.reshape(tiles, _TILE_ROWS, blocks, 4, 2, 4)
+        groups = split[:, :, :, :, 0, :] | (split[:, :, :, :, 1, :] << 4)
     else:
-        padded_rows = np.zeros((n, chunks * 4, 16, 2), np.uint8)
-        padded_rows[:, :blocks] = raw.reshape(n, blocks, 16, 2)
-        # per chunk: the 4 blocks' even values, then their odd values
-        split = padded_rows.reshape(n, chunks, 4, 16, 2).transpose(0, 1, 4, 2, 3)
-        rows[:n] = split.reshape(n, chunks * 128)
-    parts = [tiled(rows)]
-    for values in (scales, biases):
-        per_block = np.repeat(np.asarray(values.astype(mx.float32)), group_size // 32, axis=1)
-        padded = np.zeros((tiles * _TILE_ROWS, chunks * 4), np.float16)
-        padded[:n, :blocks] = per_block
-        parts.append(tiled(padded))
+        values[:n] = raw
+        groups = values.reshape(tiles, _TILE_ROWS, blocks, 8, 4)
+    # -> [tile, block, group, row, value in group]
+    parts = [groups.transpose(0, 2, 3, 1, 4).reshape(tiles, blocks, -1)]
+    for per_group in (scales, biases):
+        per_block = np.repeat(np.asarray(per_group.astype(mx.float32)), group_size // 32, axis=1)
+        padded = np.zeros((rows, blocks), np.float16)
+        padded[:n] = per_block
+        by_block = padded.reshape(tiles, _TILE_ROWS, blocks).transpose(0, 2, 1)
+        parts.append(np.ascontiguousarray(by_block).view(np.uint8))
     return mx.array(np.concatenate(parts, axis=2))
 
 

@@ -403,6 +403,21 @@ void rows_kernel(
 
 inline int64_t int8_chunks(int64_t K) { return (K / 32 + 3) / 4; }
 
+// One 32-value block of x rounded to int8 with the scale max|x| / 127 (to nearest, ties to
+// even: the default mode, what lrintf does): its values as int32 lanes in qa (the first 16)
+// and qc (the last 16), and the scale.
+inline float round_block(const float* x, __m512i& qa, __m512i& qc) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  const __m512 a = _mm512_loadu_ps(x);
+  const __m512 c = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(
+      _mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, c)));
+  const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
+  qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, inv));
+  return amax / 127.0f;
+}
+
 void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_size) {
   (void)group_size;
   const int64_t chunks = int8_chunks(K);
@@ -414,7 +429,6 @@ void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_s
   // x[2j] and x[2j + 1] of a block's 32 values, as 16 int32 lanes each.
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
     int8_t* q = p.xq.data() + m * chunks * 128;
@@ -427,15 +441,8 @@ void prepare_int8(Prepared& p, const float* x, int64_t M, int64_t K, int group_s
       std::memset(qs + (blocks / 4) * 16, 0, 16 * sizeof(float));
     }
     for (int64_t b = 0; b < blocks; ++b) {
-      const __m512 a = _mm512_loadu_ps(xr + b * 32);
-      const __m512 c = _mm512_loadu_ps(xr + b * 32 + 16);
-      const float amax = _mm512_reduce_max_ps(
-          _mm512_max_ps(_mm512_andnot_ps(sign, a), _mm512_andnot_ps(sign, c)));
-      const float scale = amax / 127.0f;
-      const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-      // Rounded to nearest, ties to even (the default mode: what lrintf does).
-      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
-      const __m512i qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, inv));
+      __m512i qa, qc;
+      const float scale = round_block(xr + b * 32, qa, qc);
       const __m512i lo = _mm512_permutex2var_epi32(qa, even, qc);
       const __m512i hi = _mm512_permutex2var_epi32(qa, odd, qc);
       int8_t* at = q + (b / 4) * 128 + (b % 4) * 16;
@@ -565,149 +572,138 @@ void run_rows_int8(
 }
 
 // ---------------------------------------------------------------------------------------
-// Packed 4- and 8-bit weights for the int8 path (pack_int8 in layers.py builds them once at
-// load).
-// MLX's layout keeps weights, scales and biases in three arrays (three memory streams per
-// row, float32 scales read in separate cache lines); decoding reads them at a third of the
-// machine's bandwidth. Here every 4 weight rows form a tile, stored chunk by chunk (128
-// values of K): the 4 rows' 64 weight bytes, then their 4 block scales and 4 block biases
-// as float16 (a group of 64 or more repeats its scale per 32-block), 320 bytes in all, so a
-// tile is one sequential stream and a whole tile stays in L1 while many x rows pass over it.
-// 8-bit weights (a Q8_0 LM head) are tiled alike with 128 weight bytes per row and chunk,
-// the block's 16 even values, then its 16 odd ones (the order x is prepared in), 576 bytes.
-// K is padded to whole chunks and N to whole tiles with zeros, which add exactly nothing.
-// Each (x row, weight row) pair gets the same operations in the same order as int8_tile
-// above, whatever the number of x rows: results are bit-identical to that kernel's.
+// Packed 4- and 8-bit weights for the int8 path (layers.pack_int8 builds them once at
+// load): 16 weight rows a tile, stored block by block (32 values of K). A 4-bit block holds 4 groups of 64 bytes: for each of the 16 rows, 4 bytes
+// whose low nibbles are values k..k+3 and high nibbles k+4..k+7 of that group's 8; an
+// 8-bit block holds 8 groups of 64 bytes (16 rows x 4 values). Then the 16 rows' block
+// scales and biases as float16: 320 bytes a 4-bit block, 576 an 8-bit one. One integer
+// dot product instruction multiplies 4 values of all 16 rows with the same 4 values of one
+// x row (broadcast), so its 16 lanes are the 16 rows' partial dots: a block's integer dot
+// per row is exact, then scaled once per block, and the tile's output row comes out of the
+// lanes with no horizontal sums. Each (x row, weight row) pair gets the same operations in
+// the same order whatever the number of x rows.
 
-constexpr int64_t kTileRows = 4;
-// Bytes of one chunk of a tile: weight bytes, then 4 float16 scales and 4 biases per row.
+constexpr int64_t kRowTile = 16;
+
 template <int BITS>
-constexpr int64_t chunk_bytes() {
-  return kTileRows * 16 * BITS + 2 * kTileRows * 4 * 2;  // 320 (4-bit) or 576 (8-bit)
+constexpr int64_t row_block_bytes() {
+  return kRowTile * 32 * BITS / 8 + 4 * kRowTile;  // 320 (4-bit) or 576 (8-bit)
 }
 
-// ROWS weight rows of a tile (from r0) against MB rows of x. Per chunk the ROWS rows'
-// weights and scales are loaded and widened once, then each x row's values are loaded once
-// for all ROWS weight rows: a decode step (one x row, ROWS = 4) reads the tile as one
-// stream. Every (x row, weight row) pair gets the same operations in the same order
-// whatever MB, ROWS and r0 are.
-template <int BITS, int MB, int ROWS>
-inline void packed_pass(const uint8_t* tile, const Prepared& p, int64_t chunks, int64_t m0,
-                        int r0, int64_t N, float* out, int64_t n, int64_t rows) {
-  __m512 total[ROWS][MB];
-  for (int i = 0; i < ROWS; ++i)
-    for (int m = 0; m < MB; ++m) total[i][m] = _mm512_setzero_ps();
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  // Lane l of a row's step belongs to block l / 4.
-  const __m512i first = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const int8_t* xq = p.xq.data() + m0 * chunks * 128;
-  const float* dx = p.dx.data() + m0 * chunks * 16;
-  const float* qsum = p.qsum.data() + m0 * chunks * 16;
-  for (int64_t c = 0; c < chunks; ++c) {
-    constexpr int64_t row_bytes = 16 * BITS;
-    const uint8_t* at = tile + c * chunk_bytes<BITS>();
-    const uint8_t* scales = at + kTileRows * row_bytes;
-    __m512i lo[ROWS], hi[ROWS];
-    __m512 s[ROWS], bias[ROWS];
-    for (int i = 0; i < ROWS; ++i) {
-      const int r = r0 + i;
-      if constexpr (BITS == 4) {
-        const __m512i wq = _mm512_loadu_si512(at + row_bytes * r);
-        lo[i] = _mm512_and_si512(wq, nibble);
-        hi[i] = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
-      } else {
-        lo[i] = _mm512_loadu_si512(at + row_bytes * r);
-        hi[i] = _mm512_loadu_si512(at + row_bytes * r + 64);
-      }
-      // Row r's 4 float16 scales (and biases): 8 bytes, widened and spread 4 lanes each.
-      s[i] = _mm512_permutexvar_ps(
-          first, _mm512_castps128_ps512(_mm_cvtph_ps(
-                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * r)))));
-      bias[i] = _mm512_permutexvar_ps(
-          first, _mm512_castps128_ps512(_mm_cvtph_ps(
-                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 32 + 8 * r)))));
-    }
-    for (int m = 0; m < MB; ++m) {
-      const int8_t* xm = xq + m * chunks * 128 + c * 128;
-      const int64_t off = m * chunks * 16 + c * 16;
-      const __m512i xlo = _mm512_loadu_si512(xm);
-      const __m512i xhi = _mm512_loadu_si512(xm + 64);
-      const __m512 q = _mm512_loadu_ps(qsum + off);
-      const __m512 d = _mm512_loadu_ps(dx + off);
-      for (int i = 0; i < ROWS; ++i) {
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], xlo);
-        dot = _mm512_dpbusd_epi32(dot, hi[i], xhi);
-        total[i][m] = _mm512_fmadd_ps(bias[i], q, total[i][m]);
-        total[i][m] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[i], d), total[i][m]);
-      }
-    }
-  }
-  for (int i = 0; i < ROWS; ++i) {
-    if (r0 + i >= rows) break;
-    for (int m = 0; m < MB; ++m) {
-      out[(m0 + m) * N + n + r0 + i] = _mm512_reduce_add_ps(total[i][m]);
+struct RowPrepared {
+  std::vector<int8_t> xq;  // [M, K] x rounded to int8 per 32-block, natural order
+  std::vector<float> dx;   // [M, K / 32] each block's scale
+  std::vector<float> qs;   // [M, K / 32] each block's scale times its rounded sum
+};
+
+void prepare_rows(RowPrepared& p, const float* x, int64_t M, int64_t K) {
+  const int64_t blocks = K / 32;
+  p.xq.resize(static_cast<size_t>(M * K));
+  p.dx.resize(static_cast<size_t>(M * blocks));
+  p.qs.resize(static_cast<size_t>(M * blocks));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    int8_t* q = p.xq.data() + m * K;
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512i qa, qc;
+      const float scale = round_block(xr + b * 32, qa, qc);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 32), _mm512_cvtsepi32_epi8(qa));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 32 + 16), _mm512_cvtsepi32_epi8(qc));
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+      p.dx[m * blocks + b] = scale;
+      p.qs[m * blocks + b] = scale * static_cast<float>(sum);
     }
   }
 }
 
+inline __m512i bcast4(const int8_t* at) {
+  int32_t v;
+  std::memcpy(&v, at, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// One tile (16 weight rows from n) against MB rows of x from m0.
 template <int BITS, int MB>
-inline void packed_tile(const uint8_t* tile, const Prepared& p, int64_t chunks, int64_t m0,
-                        int64_t N, float* out, int64_t n) {
-  const int64_t rows = std::min<int64_t>(kTileRows, N - n);
-  if (MB == 1) {
-    packed_pass<BITS, MB, kTileRows>(tile, p, chunks, m0, 0, N, out, n, rows);
-    return;
+inline void row_tile(const uint8_t* tile, const RowPrepared& p, int64_t K, int64_t m0,
+                     int64_t N, float* out, int64_t n) {
+  const int64_t blocks = K / 32;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 total[MB];
+  for (int m = 0; m < MB; ++m) total[m] = _mm512_setzero_ps();
+  const int8_t* xq = p.xq.data() + m0 * K;
+  const float* dx = p.dx.data() + m0 * blocks;
+  const float* qs = p.qs.data() + m0 * blocks;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* at = tile + b * row_block_bytes<BITS>();
+    __m512i dot[MB];
+    for (int m = 0; m < MB; ++m) dot[m] = _mm512_setzero_si512();
+    if constexpr (BITS == 4) {
+      for (int g = 0; g < 4; ++g) {
+        const __m512i w = _mm512_loadu_si512(at + 64 * g);
+        const __m512i lo = _mm512_and_si512(w, nibble);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
+        for (int m = 0; m < MB; ++m) {
+          const int8_t* xm = xq + m * K + b * 32 + 8 * g;
+          dot[m] = _mm512_dpbusd_epi32(dot[m], lo, bcast4(xm));
+          dot[m] = _mm512_dpbusd_epi32(dot[m], hi, bcast4(xm + 4));
+        }
+      }
+    } else {
+      for (int g = 0; g < 8; ++g) {
+        const __m512i w = _mm512_loadu_si512(at + 64 * g);
+        for (int m = 0; m < MB; ++m) {
+          dot[m] = _mm512_dpbusd_epi32(dot[m], w, bcast4(xq + m * K + b * 32 + 4 * g));
+        }
+      }
+    }
+    const uint8_t* sc = at + kRowTile * 32 * BITS / 8;
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+    const __m512 bias =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+    for (int m = 0; m < MB; ++m) {
+      const __m512 d = _mm512_set1_ps(dx[m * blocks + b]);
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), _mm512_mul_ps(s, d), total[m]);
+      total[m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(qs[m * blocks + b]), total[m]);
+    }
   }
-  for (int r = 0; r < rows; ++r) {
-    packed_pass<BITS, MB, 1>(tile, p, chunks, m0, r, N, out, n, rows);
-  }
+  const int64_t rows = std::min<int64_t>(kRowTile, N - n);
+  const __mmask16 keep = rows >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+  for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(out + (m0 + m) * N + n, keep, total[m]);
 }
 
-// Tiles [t_begin, t_end) against all M rows of x: each tile is read from memory once and
-// every x row passes over it while it sits in L1.
 template <int BITS>
-void packed_rows(const uint8_t* packed, const Prepared& p, int64_t M, int64_t chunks,
-                 int64_t N, float* out, int64_t t_begin, int64_t t_end) {
-  const int64_t tile_bytes = chunks * chunk_bytes<BITS>();
+void row_tiles(const uint8_t* packed, const RowPrepared& p, int64_t M, int64_t K, int64_t N,
+               float* out, int64_t t_begin, int64_t t_end) {
+  const int64_t tile_bytes = (K / 32) * row_block_bytes<BITS>();
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_bytes;
-    if (M > 1 && t + 1 < t_end) {
-      // The next tile, while this one computes: with several x rows the tile's rows are
-      // read one by one, which the hardware prefetcher does not follow (one x row reads
-      // the tile in order, and software prefetches there only stall on a full queue).
-      for (int64_t b = 0; b < tile_bytes; b += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(tile + tile_bytes + b), _MM_HINT_T0);
-      }
-    }
-    const int64_t n = t * kTileRows;
+    const int64_t n = t * kRowTile;
     int64_t m0 = 0;
-    for (; m0 + 8 <= M; m0 += 8) packed_tile<BITS, 8>(tile, p, chunks, m0, N, out, n);
-    if (m0 + 4 <= M) {
-      packed_tile<BITS, 4>(tile, p, chunks, m0, N, out, n);
-      m0 += 4;
-    }
+    for (; m0 + 8 <= M; m0 += 8) row_tile<BITS, 8>(tile, p, K, m0, N, out, n);
     switch (M - m0) {
-      case 3: packed_tile<BITS, 3>(tile, p, chunks, m0, N, out, n); break;
-      case 2: packed_tile<BITS, 2>(tile, p, chunks, m0, N, out, n); break;
-      case 1: packed_tile<BITS, 1>(tile, p, chunks, m0, N, out, n); break;
+      case 7: row_tile<BITS, 7>(tile, p, K, m0, N, out, n); break;
+      case 6: row_tile<BITS, 6>(tile, p, K, m0, N, out, n); break;
+      case 5: row_tile<BITS, 5>(tile, p, K, m0, N, out, n); break;
+      case 4: row_tile<BITS, 4>(tile, p, K, m0, N, out, n); break;
+      case 3: row_tile<BITS, 3>(tile, p, K, m0, N, out, n); break;
+      case 2: row_tile<BITS, 2>(tile, p, K, m0, N, out, n); break;
+      case 1: row_tile<BITS, 1>(tile, p, K, m0, N, out, n); break;
       default: break;
     }
   }
 }
 
-void packed_matmul_rows(const float* x, const uint8_t* packed, float* out, int64_t M,
-                        int64_t K, int64_t N, int bits) {
-  thread_local Prepared buffer;
-  Prepared& p = buffer;
-  const int64_t chunks = int8_chunks(K);
-  prepare_int8(p, x, M, K, 32);
-  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
-  RowPool::instance().run(tiles * kTileRows, M * N * K, [&](int64_t begin, int64_t end) {
+void packed_matmul_rows(const float* x, const uint8_t* packed, float* out, int64_t M, int64_t K,
+                     int64_t N, int bits) {
+  thread_local RowPrepared buffer;
+  prepare_rows(buffer, x, M, K);
+  const RowPrepared& p = buffer;
+  const int64_t tiles = (N + kRowTile - 1) / kRowTile;
+  RowPool::instance().run(tiles * kRowTile, M * N * K, [&](int64_t begin, int64_t end) {
     if (bits == 4) {
-      packed_rows<4>(packed, p, M, chunks, N, out, begin / kTileRows, end / kTileRows);
+      row_tiles<4>(packed, p, M, K, N, out, begin / kRowTile, end / kRowTile);
     } else {
-      packed_rows<8>(packed, p, M, chunks, N, out, begin / kTileRows, end / kTileRows);
+      row_tiles<8>(packed, p, M, K, N, out, begin / kRowTile, end / kRowTile);
     }
   });
 }
@@ -1624,7 +1620,7 @@ mx::array round_int8(const mx::array& x) {
   return mx::array(x.shape(), mx::float32, std::make_shared<CpuRoundInt8>(stream), {x});
 }
 
-// x [..., K] @ the packed 4-bit weight [tiles, chunks, 320] (N real rows).
+// x [..., K] @ a 4- or 8-bit weight in row tiles [ceil(N / 16), K / 32, 320 or 576].
 class CpuPackedMatmul : public mx::Primitive {
  public:
   CpuPackedMatmul(mx::Stream stream, int64_t n, int bits)
@@ -1684,12 +1680,12 @@ mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n, 
     throw std::invalid_argument("expected float32 x [..., K], K a multiple of 32");
   }
   if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
-  const int64_t chunks = (x.shape(-1) / 32 + 3) / 4;
+  const int64_t blocks = x.shape(-1) / 32;
   const int64_t bytes = bits == 4 ? 320 : 576;
-  if (packed.dtype() != mx::uint8 || packed.ndim() != 3 || packed.shape(1) != chunks ||
-      packed.shape(2) != bytes || packed.shape(0) * 4 < n || packed.shape(0) * 4 >= n + 4) {
+  if (packed.dtype() != mx::uint8 || packed.ndim() != 3 || packed.shape(1) != blocks ||
+      packed.shape(2) != bytes || packed.shape(0) * 16 < n || packed.shape(0) * 16 >= n + 16) {
     throw std::invalid_argument(
-        "packed weight [ceil(N / 4), ceil(K / 128), 320 or 576 (8-bit)] uint8 expected");
+        "packed weight [ceil(N / 16), K / 32, 320 or 576 (8-bit)] uint8 expected");
   }
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
   mx::Shape shape = x.shape();
@@ -1697,6 +1693,7 @@ mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n, 
   return mx::array(shape, mx::float32, std::make_shared<CpuPackedMatmul>(stream, n, bits),
                    {x, packed});
 }
+
 
 mx::array quantized_matmul(
     const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
@@ -1737,7 +1734,7 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
         "x @ dequantize(w, scales, biases).T on the CPU (float32 x; 4- or 8-bit affine w).");
   m.def("packed_matmul", &packed_matmul, nb::arg("x"), nb::arg("packed"), nb::arg("n"),
         nb::arg("bits") = 4,
-        "x @ W.T for a 4- or 8-bit weight in int8 tiles (layers.pack_int8), N rows, int8 x.");
+        "x @ W.T for a 4- or 8-bit weight in int8 row tiles (layers.pack_int8), N rows, int8 x.");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("w"), nb::arg("eps"),
         "nn.RMSNorm on the CPU: float32 x [..., D] * rsqrt(mean(x^2) + eps) * w [D].");
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
