@@ -248,17 +248,45 @@ class StreamResult:
         return (self.tokens - 1) / span if span > 0 and self.tokens > 1 else 0.0
 
 
+class _ChunkTally:
+    """What a stream's chunks tell: content pieces and when they came, and the usage."""
+
+    def __init__(self, sent: float) -> None:
+        self.sent = sent
+        self.first = self.last = 0.0
+        self.chunks = self.usage_tokens = 0
+        self.pieces: list[str] = []
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        """Count one parsed SSE chunk (chat or completions)."""
+        if chunk.get("usage"):
+            self.usage_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+        for choice in chunk.get("choices") or ():
+            piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            if piece:
+                now = time.perf_counter()
+                self.first = self.first or now
+                self.last = now
+                self.chunks += 1
+                self.pieces.append(piece)
+            elif choice.get("finish_reason") and not self.first:  # no text: time the end
+                self.first = self.last = time.perf_counter()
+
+    def result(self) -> StreamResult:
+        sent = self.sent
+        tokens = self.usage_tokens or self.chunks
+        return StreamResult(
+            sent, self.first or sent, self.last or sent, tokens, "".join(self.pieces)
+        )
+
+
 async def stream_chat(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], *, route: str = "chat"
 ) -> StreamResult:
     """POST a streaming chat (or completions) request and time its chunks."""
     path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
     payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    sent = time.perf_counter()
-    first = last = 0.0
-    chunks = 0
-    usage_tokens = 0
-    parts: list[str] = []
+    tally = _ChunkTally(time.perf_counter())
     async with client.stream("POST", url + path, json=payload) as response:
         if response.status_code != 200:
             await response.aread()
@@ -266,20 +294,8 @@ async def stream_chat(
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage_tokens = int(chunk["usage"].get("completion_tokens") or 0)
-            for choice in chunk.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                if piece:
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    chunks += 1
-                    parts.append(piece)
-                elif choice.get("finish_reason") and not first:  # no text at all: time the end
-                    first = last = time.perf_counter()
-    return StreamResult(sent, first or sent, last or sent, usage_tokens or chunks, "".join(parts))
+            tally.feed(json.loads(line[6:]))
+    return tally.result()
 
 
 class _SseReader:
@@ -364,30 +380,16 @@ async def stream_chat_lean(
         chunked = headers.get(b"transfer-encoding") == b"chunked"
         if status != 200:
             raise RuntimeError(f"{url}{path}: {status} {(await reader.read(200))!r}")
-        first = last = 0.0
-        chunks = usage_tokens = 0
-        pieces: list[str] = []
+        tally = _ChunkTally(sent)
         async for data in _SseReader(reader, chunked).events():
             if data == b"[DONE]":
                 break
-            chunk = json.loads(data)
-            if chunk.get("usage"):
-                usage_tokens = int(chunk["usage"].get("completion_tokens") or 0)
-            for choice in chunk.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                if piece:
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    chunks += 1
-                    pieces.append(piece)
-                elif choice.get("finish_reason") and not first:
-                    first = last = time.perf_counter()
+            tally.feed(json.loads(data))
     finally:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
-    return StreamResult(sent, first or sent, last or sent, usage_tokens or chunks, "".join(pieces))
+    return tally.result()
 
 
 async def concurrent_round(

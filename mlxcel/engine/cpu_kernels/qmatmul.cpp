@@ -693,8 +693,8 @@ void row_tiles(const uint8_t* packed, const RowPrepared& p, int64_t M, int64_t K
   }
 }
 
-void packed_matmul_rows(const float* x, const uint8_t* packed, float* out, int64_t M, int64_t K,
-                     int64_t N, int bits) {
+void packed_matmul_rows(const float* x, const uint8_t* packed, float* out, int64_t M,
+                        int64_t K, int64_t N, int bits) {
   thread_local RowPrepared buffer;
   prepare_rows(buffer, x, M, K);
   const RowPrepared& p = buffer;
@@ -1693,7 +1693,6 @@ mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n, 
   return mx::array(shape, mx::float32, std::make_shared<CpuPackedMatmul>(stream, n, bits),
                    {x, packed});
 }
-
 
 mx::array quantized_matmul(
     const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
