@@ -42,6 +42,41 @@ KERNEL_MAX_ROWS = 16
 DENSE_MAX_ROWS = 8
 
 
+# Bytes: one cache line, one AVX-512 load.
+_ALIGNMENT = 64
+
+
+def aligned(a: mx.array) -> mx.array:
+    """`a` with its data starting on a 64-byte boundary (a copy, unless it already does).
+
+    MLX's CPU buffers start 8 bytes past one, so without this each 64-byte load the kernel
+    makes of a weight spans two cache lines (8-row float32 decode: 1.3x slower). The copy
+    is a view into a slightly larger buffer; dtypes NumPy lacks come back unchanged."""
+    mx.eval(a)
+    if a.size == 0 or _address(a) % _ALIGNMENT == 0:
+        return a
+    try:
+        source = np.asarray(a)
+    except (RuntimeError, TypeError, ValueError):  # bfloat16
+        return a
+    pad = _ALIGNMENT // a.itemsize
+    flat = mx.zeros((a.size + pad,), a.dtype)
+    mx.eval(flat)
+    buffer = np.array(flat, copy=False)  # MLX's own memory: written once, before any use
+    start = (-buffer.ctypes.data % _ALIGNMENT) // a.itemsize
+    buffer[start : start + a.size] = source.reshape(-1)
+    out = flat[start : start + a.size].reshape(a.shape)  # a view: no copy
+    mx.eval(out)
+    return out
+
+
+def _address(a: mx.array) -> int:
+    try:
+        return int(np.array(a, copy=False).ctypes.data)
+    except (RuntimeError, TypeError, ValueError):
+        return 0
+
+
 def _kernel_matmul(
     kernels: ModuleType, x: mx.array, layer: Any, dense: mx.array | None
 ) -> mx.array:
@@ -218,6 +253,7 @@ def use_dense_kernels(model: nn.Module, kernels: ModuleType) -> int:
             continue
         module.__class__ = KernelLinear if kind is nn.Linear else KernelEmbedding
         module.kernels = kernels
+        module["weight"] = aligned(weight)
         changed += 1
     return changed
 
@@ -270,7 +306,7 @@ def pack_int8(
         padded[:n] = per_block
         by_block = padded.reshape(tiles, _TILE_ROWS, blocks).transpose(0, 2, 1)
         parts.append(np.ascontiguousarray(by_block).view(np.uint8))
-    return mx.array(np.concatenate(parts, axis=2))
+    return aligned(mx.array(np.concatenate(parts, axis=2)))
 
 
 def _packable(module: Any, kernels: ModuleType) -> bool:
@@ -326,6 +362,8 @@ def use_cpu_kernels(model: nn.Module, kernels: ModuleType, *, dense: bool) -> in
         else:
             module.__class__ = KernelQuantizedLinear
         module.kernels = kernels
+        for name in ("weight", "scales", "biases"):
+            module[name] = aligned(module[name])
         if dense:
             module["dense"] = mx.dequantize(
                 module["weight"],

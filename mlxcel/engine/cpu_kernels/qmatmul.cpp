@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -41,6 +42,9 @@ namespace mx = mlx::core;
 namespace nb = nanobind;
 
 namespace {
+
+// A hint to bring the cache line holding p into every cache level (never faults).
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
 // ---------------------------------------------------------------------------------------
 // Worker pool: splits the output rows of one matmul across the machine's cores. Tasks are
@@ -190,13 +194,34 @@ class RowPool {
 // and the high nibbles with the odd ones, so x is split once per call into
 // (even, odd) halves per 32-value block. The bias term uses per-group sums of x.
 
+// Storage on 64-byte boundaries (a cache line, one AVX-512 load) for the prepared x rows
+// the kernels load over and over: a load that spans two lines costs two.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+};
+
+template <typename T>
+using LineVector = std::vector<T, CacheLineAllocator<T>>;
+
 struct Prepared {
-  std::vector<float> xs;    // [M, K] x reordered per 32-block: 16 even entries, 16 odd
-  std::vector<float> xsum;  // [M, K / group_size] sums of x over each group
+  LineVector<float> xs;    // [M, K] x reordered per 32-block: 16 even entries, 16 odd
+  LineVector<float> xsum;  // [M, K / group_size] sums of x over each group
   // The int8 path (4-bit weights): x quantized per 32-block, in chunks of 4 blocks.
-  std::vector<int8_t> xq;   // [M, chunks * 128]: the chunk's 4x16 even entries, then odd
-  std::vector<float> dx;    // [M, chunks * 16]: each block's scale, repeated 4 times
-  std::vector<float> qsum;  // [M, chunks * 16]: a quarter of each block's rounded-x sum, x4
+  LineVector<int8_t> xq;   // [M, chunks * 128]: the chunk's 4x16 even entries, then odd
+  LineVector<float> dx;    // [M, chunks * 16]: each block's scale, repeated 4 times
+  LineVector<float> qsum;  // [M, chunks * 16]: a quarter of each block's rounded-x sum, x4
 };
 
 // Whether 4-bit matmuls quantize x to int8 and use integer dot products (set_int8).
@@ -504,6 +529,7 @@ inline void int8_tile(
     __m512 s[NR], bias[NR];
     for (int r = 0; r < NR; ++r) {
       const uint8_t* wr = w + (n + r) * sh.row_bytes + 64 * c;
+      prefetch(wr + NR * sh.row_bytes);  // the next tile's rows, one tile ahead
       __m512i wq = _mm512_maskz_loadu_epi8(wmask, wr);
       lo[r] = _mm512_and_si512(wq, nibble);
       hi[r] = _mm512_and_si512(_mm512_srli_epi16(wq, 4), nibble);
@@ -591,9 +617,9 @@ constexpr int64_t row_block_bytes() {
 }
 
 struct RowPrepared {
-  std::vector<int8_t> xq;  // [M, K] x rounded to int8 per 32-block, natural order
-  std::vector<float> dx;   // [M, K / 32] each block's scale
-  std::vector<float> qs;   // [M, K / 32] each block's scale times its rounded sum
+  LineVector<int8_t> xq;  // [M, K] x rounded to int8 per 32-block, natural order
+  LineVector<float> dx;   // [M, K / 32] each block's scale
+  LineVector<float> qs;   // [M, K / 32] each block's scale times its rounded sum
 };
 
 void prepare_rows(RowPrepared& p, const float* x, int64_t M, int64_t K) {
@@ -773,6 +799,14 @@ void qmatmul(
 // multiple of kWidth. Every (x row, weight row) pair is summed in the same order whatever
 // the number of rows, as in the quantized kernels.
 
+// x rows at a 64-byte boundary: MLX's buffers start 8 bytes past one, so each 64-byte
+// load of an x row, repeated for every weight row, would span two cache lines.
+const float* line_aligned(const float* x, int64_t n, LineVector<float>& copy) {
+  if (reinterpret_cast<uintptr_t>(x) % 64 == 0) return x;
+  copy.assign(x, x + n);
+  return copy.data();
+}
+
 template <int MB, int NR>
 inline void f32_tile(const float* w, const float* x, int64_t m0, int64_t K, int64_t N,
                      float* out, int64_t n) {
@@ -782,6 +816,9 @@ inline void f32_tile(const float* w, const float* x, int64_t m0, int64_t K, int6
   for (int64_t k = 0; k < K; k += kWidth) {
     Vec wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = vload(w + (n + r) * K + k);
+    // The next tile's rows, one tile ahead: a few interleaved streams the hardware
+    // prefetcher alone keeps poorly fed once several x rows share each weight load.
+    for (int r = 0; r < NR; ++r) prefetch(w + (n + NR + r) * K + k);
     for (int m = 0; m < MB; ++m) {
       const Vec xv = vload(x + (m0 + m) * K + k);
       for (int r = 0; r < NR; ++r) acc[r][m] = vfma(wv[r], xv, acc[r][m]);
@@ -802,6 +839,8 @@ void f32_rows(const float* w, const float* x, int64_t m0, int64_t K, int64_t N, 
 }
 
 void f32_matmul(const float* x, const float* w, float* out, int64_t M, int64_t K, int64_t N) {
+  thread_local LineVector<float> x_copy;
+  x = line_aligned(x, M * K, x_copy);
   RowPool::instance().run(N, M * N * K, [&](int64_t begin, int64_t end) {
     int64_t m0 = 0;
     for (; m0 + 8 <= M; m0 += 8) f32_rows<8>(w, x, m0, K, N, out, begin, end);
