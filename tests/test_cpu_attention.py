@@ -69,15 +69,35 @@ def test_kernel_matches_mlx_attention(
     np.testing.assert_allclose(np.array(got), np.array(want), atol=2e-6, rtol=1e-5)
 
 
-def test_masked_padding_keys_change_nothing(kernels: ModuleType) -> None:
-    """A row whose extra (padding) keys a mask removes equals the row on its own keys."""
-    q, k, v = _qkv(1, 4, 2, 1, 20, 32)
-    alone = kernels.attention(q, k[:, :, 5:, :], v[:, :, 5:, :], 0.2, 0, None)
+@pytest.mark.parametrize(("pad", "dim"), [(5, 32), (16, 64), (23, 64), (3, 128)])
+def test_masked_padding_keys_change_nothing(kernels: ModuleType, pad: int, dim: int) -> None:
+    """A row whose extra (padding) keys a mask removes equals the row on its own keys, bit
+    for bit, wherever the padding puts its keys (scores are summed 16 keys at a time)."""
+    own = 37
+    q, k, v = _qkv(1, 4, 2, 1, pad + own, dim)
+    alone = kernels.attention(q, k[:, :, pad:, :], v[:, :, pad:, :], 0.2, 0, None)
     keep = mx.concatenate(
-        [mx.zeros((1, 1, 1, 5), dtype=mx.bool_), mx.ones((1, 1, 1, 15), mx.bool_)], -1
+        [mx.zeros((1, 1, 1, pad), dtype=mx.bool_), mx.ones((1, 1, 1, own), mx.bool_)], -1
     )
-    padded = kernels.attention(q, k, v, 0.2, 3, mx.broadcast_to(keep, (1, 4, 1, 20)))
+    padded = kernels.attention(q, k, v, 0.2, 3, mx.broadcast_to(keep, (1, 4, 1, pad + own)))
     assert np.array_equal(np.array(alone), np.array(padded))
+    additive = mx.where(keep, 0.0, float("-inf"))
+    added = kernels.attention(q, k, v, 0.2, 2, mx.broadcast_to(additive, (1, 4, 1, pad + own)))
+    assert np.array_equal(np.array(alone), np.array(added))
+
+
+def test_a_strided_mask_reads_the_same(kernels: ModuleType) -> None:
+    """A mask whose key axis is not contiguous (every other value of a longer row) gives
+    what its contiguous copy gives."""
+    q, k, v = _qkv(1, 4, 2, 1, 40, 64)
+    mask_t = mx.random.normal((1, 1, 1, 80), key=mx.random.key(5))[..., ::2]
+    assert mask_t.shape == (1, 1, 1, 40)
+    contiguous = mx.array(np.array(mask_t))
+    for kind, m in ((2, mask_t), (3, mask_t > 0)):
+        strided = kernels.attention(q, k, v, 0.2, kind, mx.broadcast_to(m, (1, 4, 1, 40)))
+        copy = contiguous if kind == 2 else contiguous > 0
+        dense = kernels.attention(q, k, v, 0.2, kind, mx.broadcast_to(copy, (1, 4, 1, 40)))
+        assert np.array_equal(np.array(strided), np.array(dense))
 
 
 @pytest.mark.parametrize("mask", [None, "bool"])
