@@ -1194,6 +1194,8 @@ struct AttnShape {
 // Up to kAttnRows query rows sharing one key head, against its keys: each key and value
 // row is loaded once for all of them. D = 16 * NV (kernel vectors of 16 floats).
 constexpr int kAttnRows = 4;
+// How many key (value) rows ahead the attention prefetches.
+constexpr int64_t kAttnAhead = 16;
 
 struct AttnRow {
   const float* q;
@@ -1214,6 +1216,11 @@ void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, cons
   for (int i = 0; i < R; ++i) top[i] = -INFINITY;
   for (int64_t s = 0; s < keys; ++s) {
     const float* kr = kb + s * kstride;
+    // Rows a few keys ahead (the cache is read once, from memory more often than not);
+    // the values' first rows while the keys' last ones are read.
+    const float* ahead = s + kAttnAhead < keys ? kr + kAttnAhead * kstride
+                                               : vb + (s + kAttnAhead - keys) * vstride;
+    for (int j = 0; j < NV * static_cast<int>(sizeof(Vec)) / 64; ++j) prefetch(ahead + 16 * j);
     Vec kv[NV];
     for (int j = 0; j < NV; ++j) kv[j] = vload(kr + j * kWidth);
     for (int i = 0; i < R; ++i) {
@@ -1246,6 +1253,9 @@ void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, cons
     for (int j = 0; j < NV; ++j) acc[i][j] = vzero();
   for (int64_t s = 0; s < keys; ++s) {
     const float* vr = vb + s * vstride;
+    for (int j = 0; j < NV * static_cast<int>(sizeof(Vec)) / 64; ++j) {
+      prefetch(vr + kAttnAhead * vstride + 16 * j);
+    }
     Vec vv[NV];
     for (int j = 0; j < NV; ++j) vv[j] = vload(vr + j * kWidth);
     for (int i = 0; i < R; ++i) {
