@@ -610,6 +610,8 @@ void run_rows_int8(
 // the same order whatever the number of x rows.
 
 constexpr int64_t kRowTile = 16;
+// How many blocks ahead the tile kernel prefetches (the stream continues into the next tile).
+constexpr int64_t kTileAhead = 4;
 
 template <int BITS>
 constexpr int64_t row_block_bytes() {
@@ -661,6 +663,11 @@ inline void row_tile(const uint8_t* tile, const RowPrepared& p, int64_t K, int64
   const float* qs = p.qs.data() + m0 * blocks;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* at = tile + b * row_block_bytes<BITS>();
+    if constexpr (MB >= 4) {  // one row keeps up without (the hint then costs more)
+      for (int64_t line = 0; line < row_block_bytes<BITS>(); line += 64) {
+        prefetch(at + kTileAhead * row_block_bytes<BITS>() + line);
+      }
+    }
     __m512i dot[MB];
     for (int m = 0; m < MB; ++m) dot[m] = _mm512_setzero_si512();
     if constexpr (BITS == 4) {
