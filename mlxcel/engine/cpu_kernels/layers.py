@@ -53,12 +53,10 @@ def aligned(a: mx.array) -> mx.array:
     makes of a weight spans two cache lines (8-row float32 decode: 1.3x slower). The copy
     is a view into a slightly larger buffer; dtypes NumPy lacks come back unchanged."""
     mx.eval(a)
-    if a.size == 0 or _address(a) % _ALIGNMENT == 0:
+    address = _address(a)
+    if a.size == 0 or address is None or address % _ALIGNMENT == 0:
         return a
-    try:
-        source = np.asarray(a)
-    except (RuntimeError, TypeError, ValueError):  # bfloat16
-        return a
+    source = np.asarray(a)
     pad = _ALIGNMENT // a.itemsize
     flat = mx.zeros((a.size + pad,), a.dtype)
     mx.eval(flat)
@@ -70,11 +68,12 @@ def aligned(a: mx.array) -> mx.array:
     return out
 
 
-def _address(a: mx.array) -> int:
+def _address(a: mx.array) -> int | None:
+    """Where `a`'s data starts, or None for a dtype NumPy cannot view (bfloat16)."""
     try:
         return int(np.array(a, copy=False).ctypes.data)
     except (RuntimeError, TypeError, ValueError):
-        return 0
+        return None
 
 
 def _kernel_matmul(

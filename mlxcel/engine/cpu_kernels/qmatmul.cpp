@@ -46,6 +46,11 @@ namespace {
 // A hint to bring the cache line holding p into every cache level (never faults).
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
+// The same for every cache line of the `bytes` bytes from p (p on a line boundary).
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) prefetch(static_cast<const char*>(p) + line);
+}
+
 // ---------------------------------------------------------------------------------------
 // Worker pool: splits the output rows of one matmul across the machine's cores. Tasks are
 // tiny (tens of microseconds), so a job is cut into a few chunks per thread that any thread
@@ -668,9 +673,7 @@ inline void row_tile(const uint8_t* tile, const RowPrepared& p, int64_t K, int64
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* at = tile + b * row_block_bytes<BITS>();
     if constexpr (MB >= 4) {  // one row keeps up without (the hint then costs more)
-      for (int64_t line = 0; line < row_block_bytes<BITS>(); line += 64) {
-        prefetch(at + kTileAhead * row_block_bytes<BITS>() + line);
-      }
+      prefetch_lines(at + kTileAhead * row_block_bytes<BITS>(), row_block_bytes<BITS>());
     }
     __m512i dot[MB];
     for (int m = 0; m < MB; ++m) dot[m] = _mm512_setzero_si512();
@@ -1225,13 +1228,14 @@ void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, cons
   for (int i = 0; i < R; ++i) keys = std::max(keys, rows[i].visible);
   float top[R];
   for (int i = 0; i < R; ++i) top[i] = -INFINITY;
+  constexpr int64_t row_bytes = NV * static_cast<int64_t>(sizeof(Vec));
   for (int64_t s = 0; s < keys; ++s) {
     const float* kr = kb + s * kstride;
     // Rows a few keys ahead (the cache is read once, from memory more often than not);
     // the values' first rows while the keys' last ones are read.
     const float* ahead = s + kAttnAhead < keys ? kr + kAttnAhead * kstride
                                                : vb + (s + kAttnAhead - keys) * vstride;
-    for (int j = 0; j < NV * static_cast<int>(sizeof(Vec)) / 64; ++j) prefetch(ahead + 16 * j);
+    prefetch_lines(ahead, row_bytes);
     Vec kv[NV];
     for (int j = 0; j < NV; ++j) kv[j] = vload(kr + j * kWidth);
     for (int i = 0; i < R; ++i) {
@@ -1264,9 +1268,7 @@ void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, cons
     for (int j = 0; j < NV; ++j) acc[i][j] = vzero();
   for (int64_t s = 0; s < keys; ++s) {
     const float* vr = vb + s * vstride;
-    for (int j = 0; j < NV * static_cast<int>(sizeof(Vec)) / 64; ++j) {
-      prefetch(vr + kAttnAhead * vstride + 16 * j);
-    }
+    prefetch_lines(vr + kAttnAhead * vstride, row_bytes);
     Vec vv[NV];
     for (int j = 0; j < NV; ++j) vv[j] = vload(vr + j * kWidth);
     for (int i = 0; i < R; ++i) {
