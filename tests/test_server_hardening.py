@@ -383,6 +383,59 @@ def test_engine_cancellation_never_reaches_a_client(tokenizer: Any) -> None:
     assert '"finish_reason":"error"' in streamed.text
 
 
+# Text holding the characters str.splitlines breaks at beyond CR/LF (a tiny random model can
+# sample them). httpx's iter_lines splits there, so the JSON must escape them.
+LINE_BREAKING_TEXT = "a\u2028b\x85c\u2029d\x1ce"
+
+
+def _stream_texts(body: str) -> list[str]:
+    """Every JSON string field named like a text delta in the `data:` lines of `body`, read
+    the way httpx's `iter_lines` reads a stream: each line must hold a whole JSON object."""
+    texts: list[str] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in ("content", "text", "delta") and isinstance(item, str):
+                    texts.append(item)
+                else:
+                    collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+
+    for line in body.splitlines():
+        if line.startswith("data: {"):
+            collect(json.loads(line[6:]))
+    return texts
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/completion", {"prompt": "x"}),
+        ("/v1/completions", {"prompt": "x"}),
+        ("/v1/chat/completions", {"messages": MESSAGES}),
+        ("/v1/messages", {"messages": MESSAGES[1:], "max_tokens": 4}),
+        ("/v1/responses", {"input": "x"}),
+    ],
+)
+def test_streamed_text_with_line_separators_stays_on_one_line(
+    tokenizer: Any, path: str, extra: dict[str, Any]
+) -> None:
+    events = [
+        GenerationEvent("x", text=LINE_BREAKING_TEXT[:4]),
+        GenerationEvent("x", text=LINE_BREAKING_TEXT[4:]),
+        GenerationEvent("x", finish_reason="stop", completion_tokens=2),
+    ]
+    app, _ = scripted_app(tokenizer, events)
+    (streamed,) = run_requests(app, (path, {**extra, "stream": True}))
+    assert streamed.status_code == 200, streamed.text
+    assert "\\u2028" in streamed.text and "\\u0085" in streamed.text  # escaped
+    texts = _stream_texts(streamed.text)
+    assert LINE_BREAKING_TEXT[:4] in texts and LINE_BREAKING_TEXT[4:] in texts, texts
+
+
 def test_loading_state_answers_503(tokenizer: Any) -> None:
     state = ServerState(settings=Settings(warmup=False))
     app = create_app(state)

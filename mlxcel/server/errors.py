@@ -7,7 +7,6 @@ under `--api-prefix`) answer in Anthropic's shape instead, with the same status 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import Scope
+
+from mlxcel.server.sse import sse_data
 
 RETRY_AFTER_SECONDS = "1"
 
@@ -152,7 +153,7 @@ def sse_error_data(error: APIError) -> str:
     """`error` as one SSE `data:` event in the OpenAI error shape: how the OpenAI routes
     tell a failure after their stream has started (the OpenAI SDKs raise on it)."""
     body = error_body(error.message, error.type, error.code, **error.extra)
-    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return sse_data(body)
 
 
 _STATUS_TYPES = {

@@ -27,9 +27,22 @@ SSE_HEADERS = {
 }
 
 
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+"""The non-ASCII characters Python's `str.splitlines` breaks a line at (the ASCII ones are
+control characters, which JSON always escapes)."""
+
+
+def _one_line(encoded: str) -> str:
+    """`encoded` JSON with U+0085, U+2028 and U+2029 written as escapes: the same JSON value,
+    on one line even for clients that split an event stream with `str.splitlines` (httpx's
+    `iter_lines` does) instead of at CR/LF only as the SSE spec says."""
+    return encoded if encoded.isascii() else encoded.translate(_LINE_BREAKS)
+
+
 def dumps(payload: Any) -> str:
-    """Compact JSON (no spaces), non-ASCII kept as is, as the OpenAI API writes it."""
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON (no spaces), non-ASCII kept as is, as the OpenAI API writes it (but for
+    the three line separators `_one_line` escapes)."""
+    return _one_line(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
 
 
 def sse_data(payload: Any) -> str:
@@ -53,7 +66,7 @@ def sse_template(build: Callable[[str], str]) -> Callable[[str], str]:
     head, tail = parts
 
     def render(text: str) -> str:
-        return head + _encode_string(text) + tail
+        return head + _one_line(_encode_string(text)) + tail
 
     return render
 
