@@ -64,7 +64,7 @@ def test_a_worker_killed_mid_request_answers_500_and_restarts() -> None:
 
 def test_a_worker_whose_thread_ended_is_restarted_on_the_next_job() -> None:
     worker = BatchWorker("ended").start()
-    worker._queue.put(None)  # the thread ends as if stopped, but nobody stopped it
+    worker._queue.wake()  # the thread ends as if stopped, but nobody stopped it
     assert worker._thread is not None
     worker._thread.join(5)
     assert not worker.running

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import logging
 import queue
 import threading
@@ -29,6 +28,7 @@ from mlxcel.engine.workers.errors import (
     WorkerStoppedError,
     WorkerTimeoutError,
 )
+from mlxcel.engine.workers.job_queue import JobQueue
 
 if TYPE_CHECKING:
     import numpy as np
@@ -127,7 +127,7 @@ class AudioWorker:
         self.stats = AudioWorkerStats()
         self.models = AudioModels()
         self._loader = loader or self._load
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_depth)
+        self._queue: JobQueue[_Job] = JobQueue(queue_depth)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loaded = threading.Event()
@@ -147,8 +147,8 @@ class AudioWorker:
 
     @property
     def pending(self) -> int:
-        """Jobs waiting in the queue (not counting the one running)."""
-        return self._queue.qsize()
+        """Jobs waiting in the queue (not counting the one running, nor cancelled ones)."""
+        return self._queue.waiting
 
     def start(self, *, wait: bool = True) -> AudioWorker:
         """Start the thread, which loads the models first; with `wait`, block until they are
@@ -176,8 +176,7 @@ class AudioWorker:
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop after the current job; jobs still queued fail with WorkerStoppedError."""
         self._stopping.set()
-        with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(None)
+        self._queue.wake()
         if self._thread is not None:
             self._thread.join(timeout)
         self._drain(WorkerStoppedError(f"{self.name} stopped"))
@@ -202,12 +201,8 @@ class AudioWorker:
             raise WorkerStoppedError(f"{self.name} is not running")
         deadline = time.monotonic() + self.timeout if self.timeout else None
         job = _Job(run=run, deadline=deadline)
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFullError(
-                f"{self.name}: {self.queue_depth} audio requests already waiting"
-            ) from None
+        if not self._queue.put(job):
+            raise QueueFullError(f"{self.name}: {self.queue_depth} audio requests already waiting")
         return job
 
     async def run(self, run: Callable[[AudioModels, Callable[[], bool]], T]) -> T:

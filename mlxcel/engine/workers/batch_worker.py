@@ -10,7 +10,6 @@ touching MLX. The worker has its own MLX stream and thread: it never blocks the 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import queue
 import threading
@@ -28,6 +27,7 @@ from mlxcel.engine.workers.errors import (
     WorkerStoppedError,
     WorkerTimeoutError,
 )
+from mlxcel.engine.workers.job_queue import JobQueue
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,14 @@ class BatchWorker:
         self.batch_size = batch_size
         self.queue_depth = queue_depth
         self.stats = WorkerStats()
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_depth)
+        self._queue: JobQueue[Job] = JobQueue(queue_depth)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
     @property
     def pending(self) -> int:
-        """Jobs waiting in the queue."""
-        return self._queue.qsize()
+        """Jobs waiting in the queue (a cancelled one no longer counts)."""
+        return self._queue.waiting
 
     @property
     def running(self) -> bool:
@@ -119,26 +119,21 @@ class BatchWorker:
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop after the current batch; jobs still queued fail with WorkerStoppedError."""
         self._stopping.set()
-        with contextlib.suppress(queue.Full):  # a full queue: the thread sees the flag soon
-            self._queue.put_nowait(None)
+        self._queue.wake()
         if self._thread is not None:
             self._thread.join(timeout)
         self._drain(WorkerStoppedError(f"{self.name} stopped"))
         _LIVE.discard(self)
 
     def submit(self, job: Job) -> Future[Any]:
-        """Queue `job`; QueueFullError when the queue is at its depth, at once."""
+        """Queue `job`; QueueFullError at once when `queue_depth` jobs still wanted wait."""
         if self._stopping.is_set():
             raise WorkerStoppedError(f"{self.name} is not running")
         if self._thread is not None and not self._thread.is_alive():  # it died: restart
             self.stats.restarts += 1
             self.start()
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFullError(
-                f"{self.name}: {self.queue_depth} requests already waiting"
-            ) from None
+        if not self._queue.put(job):
+            raise QueueFullError(f"{self.name}: {self.queue_depth} requests already waiting")
         return job.future
 
     # --- the thread ------------------------------------------------------------------
