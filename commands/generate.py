@@ -99,6 +99,32 @@ def generate(
     xtc_threshold: float | None = typer.Option(
         None, "--xtc-threshold", show_default=SETTING_DEFAULTS["xtc_threshold"]
     ),
+    top_n_sigma: float | None = typer.Option(
+        None,
+        "--top-n-sigma",
+        "--top-nsigma",
+        help="Keep logits within n standard deviations of the top one (<= 0 = off).",
+        show_default=SETTING_DEFAULTS["top_n_sigma"],
+    ),
+    typical_p: float | None = typer.Option(
+        None,
+        "--typical-p",
+        "--typical",
+        help="Locally typical sampling, p (1.0 = off).",
+        show_default=SETTING_DEFAULTS["typical_p"],
+    ),
+    dynatemp_range: float | None = typer.Option(
+        None,
+        "--dynatemp-range",
+        help="Dynamic temperature: temp +/- range by the entropy (0.0 = off).",
+        show_default=SETTING_DEFAULTS["dynatemp_range"],
+    ),
+    dynatemp_exponent: float | None = typer.Option(
+        None,
+        "--dynatemp-exp",
+        help="Dynamic temperature exponent.",
+        show_default=SETTING_DEFAULTS["dynatemp_exponent"],
+    ),
     seed: int | None = typer.Option(
         None, "--seed", "-s", help="Seed (-1 = random).", show_default=SETTING_DEFAULTS["seed"]
     ),
@@ -173,6 +199,10 @@ def generate(
         "dry_penalty_last_n": dry_penalty_last_n,
         "xtc_probability": xtc_probability,
         "xtc_threshold": xtc_threshold,
+        "top_n_sigma": top_n_sigma,
+        "typical_p": typical_p,
+        "dynatemp_range": dynatemp_range,
+        "dynatemp_exponent": dynatemp_exponent,
         "seed": seed,
         "chat_template_file": chat_template_file,
         "no_chat_template": no_chat_template or None,

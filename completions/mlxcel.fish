@@ -84,6 +84,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-allowed-leng
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-base
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-multiplier
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-penalty-last-n
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dynatemp-exp
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dynatemp-range
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l frequency-penalty
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l ignore-eos
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l image
@@ -112,7 +114,11 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l temp
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l temperature
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l threads
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l top-k
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l top-n-sigma
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l top-nsigma
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l top-p
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l typical
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l typical-p
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l video
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l xtc-probability
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l xtc-threshold

@@ -37,6 +37,12 @@ MIXED = (
     SamplingParams(temperature=0.9, seed=5, top_p=0.5, p_less=True),
     SamplingParams(temperature=1.5, seed=6, top_k=200),  # k >= vocabulary: off
     SamplingParams(temperature=0.8, seed=7, xtc_probability=1.0, xtc_threshold=0.02),
+    SamplingParams(temperature=1.0, seed=8, top_n_sigma=1.0),  # with the default top-k
+    SamplingParams(temperature=1.2, seed=9, top_k=0, top_p=1.0, min_p=0.0, typical_p=0.6),
+    SamplingParams(temperature=0.9, seed=10, typical_p=0.8, dynatemp_range=0.5),
+    SamplingParams(
+        temperature=0.5, seed=11, top_k=0, top_p=0.9, dynatemp_range=0.8, dynatemp_exponent=2.0
+    ),
 )
 
 

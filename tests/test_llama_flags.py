@@ -98,14 +98,15 @@ PINNED = {
     " --control-vector-layer-range --grammar --grammar-file -j -jf --mirostat --rope-scaling"
     " --rope-scale --rope-freq-base --rope-freq-scale --yarn-orig-ctx --yarn-ext-factor -mu -hf"
     " -hff -dr --override-kv --models-dir --models-preset -mm -mmu --tools --mcp-servers-config"
-    " --mcp-servers-json --agent --samplers -l --top-nsigma --typical"
+    " --mcp-servers-json --agent --samplers -l"
     " --gpt-oss-20b-default",
     Status.SUPPORTED: "-md --spec-type --spec-draft-n-max -m -c -n -b -ub -np --port --host"
     " --api-key --api-key-file --metrics"
     " --slots --props --cache-prompt -cram --temp --top-k --top-p --min-p -s --seed --jinja"
     " --chat-template --chat-template-kwargs -a -to --embedding --rerank --pooling --warmup"
     " --max-queue-depth --max-body-size --metrics-port -P --cpu-dtype --grammar-backend"
-    " --no-chat-template --sleep-idle-seconds",
+    " --no-chat-template --sleep-idle-seconds --top-nsigma --typical --dynatemp-range"
+    " --dynatemp-exp",
 }
 
 
@@ -147,6 +148,10 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "min_p": ("0.1", 0.1),
     "xtc_probability": ("0.5", 0.5),
     "xtc_threshold": ("0.2", 0.2),
+    "top_n_sigma": ("1.5", 1.5),
+    "typical_p": ("0.7", 0.7),
+    "dynatemp_range": ("0.3", 0.3),
+    "dynatemp_exponent": ("2", 2.0),
     "repeat_last_n": ("32", 32),
     "repeat_penalty": ("1.1", 1.1),
     "presence_penalty": ("0.5", 0.5),

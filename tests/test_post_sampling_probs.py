@@ -272,7 +272,7 @@ def _expected(params: SamplingParams, row: mx.array, n: int) -> list[tuple[int, 
 def test_batch_sampler_keeps_each_rows_distribution() -> None:
     """Every row asking for it gets its own draw's distribution, in one batched call per
     step; rows not asking keep nothing."""
-    wants = [5, 3, None, 20, 1, 7, 4, 6]
+    wants = [5, 3, None, 20, 1, 7, 4, 5, 9, 3, 4, 6]
     rows = [RowSampling(p, V, post_probs=n) for p, n in zip(ROWS, wants, strict=True)]
     sampler = BatchSampler()
     rng = np.random.default_rng(0)

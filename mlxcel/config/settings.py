@@ -274,6 +274,34 @@ class Settings(BaseModel):
     xtc_threshold: float = _f(
         0.1, "XTC threshold", env="MLXCEL_XTC_THRESHOLD", group="sampling", ge=0.0, le=1.0
     )
+    top_n_sigma: float = _f(
+        -1.0,
+        "Top-n-sigma: keep logits within n standard deviations of the top one (<= 0 = off)",
+        env="MLXCEL_TOP_N_SIGMA",
+        group="sampling",
+    )
+    typical_p: float = _f(
+        1.0,
+        "Locally typical sampling, p (1.0 = off)",
+        env="MLXCEL_TYPICAL_P",
+        group="sampling",
+        gt=0.0,
+        le=1.0,
+    )
+    dynatemp_range: float = _f(
+        0.0,
+        "Dynamic temperature range: temp +/- range by the entropy (0.0 = off)",
+        env="MLXCEL_DYNATEMP_RANGE",
+        group="sampling",
+        ge=0.0,
+    )
+    dynatemp_exponent: float = _f(
+        1.0,
+        "Dynamic temperature exponent",
+        env="MLXCEL_DYNATEMP_EXPONENT",
+        group="sampling",
+        ge=0.0,
+    )
     seed: int = _f(-1, "RNG seed (-1 = random)", env="MLXCEL_SEED", group="sampling", ge=-1)
     n_predict: int = _f(
         -1,

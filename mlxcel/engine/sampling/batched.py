@@ -4,7 +4,8 @@ mlx-lm's `BatchGenerator` samples a batch in one call only when every row holds 
 sampler object; otherwise it calls each row's sampler on its own one-row slice (one small
 graph per request per step). `BatchSampler` is that one shared object: before each call
 the engine queues the rows the call will see (`expect`), and the sampler applies each row's
-temperature, top-k/top-p/min-p, XTC, p-less and random key as per-row arrays.
+temperature (fixed or dynamic), top-n-sigma, top-k, typical-p, top-p, min-p, XTC, p-less and
+random key as per-row arrays.
 
 Rows are grouped by how their candidates are found (greedy; the top k for one k; the whole
 vocabulary sorted; the whole vocabulary in its own order), and each group is one batched
@@ -44,12 +45,15 @@ from mlxcel.engine.sampling.samplers import (
     PostSampling,
     _initial_key,
     _Plan,
+    dynamic_temperature,
     greedy_post_sampling,
     gumbel_choice,
     host_post_sampling,
     mask_min_p,
     mask_p_less,
+    mask_top_n_sigma,
     mask_top_p,
+    mask_typical,
     mask_xtc,
     sorted_candidates,
     top_k_candidates,
@@ -154,6 +158,14 @@ class _Group:
     xtc_threshold: mx.array | None = None
     xtc_always: bool = False
     p_less: mx.array | None = None
+    top_n_sigma: mx.array | None = None  # n per row ([G, 1]); off rows keep every token
+    uses_top_n_sigma: mx.array | None = None
+    typical_p: mx.array | None = None
+    uses_typical: mx.array | None = None
+    temperature: mx.array | None = None  # with the dynamic-temperature columns below
+    dynatemp_range: mx.array | None = None
+    dynatemp_exponent: mx.array | None = None
+    uses_dynatemp: mx.array | None = None
     post: list[RowSampling] | None = None  # members keeping post-sampling distributions
     post_index: mx.array | None = None  # their positions in the group; None: all of it
     post_n: int = 0
@@ -199,6 +211,17 @@ def _build_group(
         group.xtc_always = all(p.xtc_probability >= 1 for p in plans)
     if any(p.p_less for p in plans):
         group.p_less = _column([p.p_less for p in plans])
+    if any(p.top_n_sigma is not None for p in plans):
+        group.top_n_sigma = _column([p.top_n_sigma or 0.0 for p in plans])
+        group.uses_top_n_sigma = _column([p.top_n_sigma is not None for p in plans])
+    if any(p.typical_p < 1.0 for p in plans):
+        group.typical_p = _column([p.typical_p for p in plans])
+        group.uses_typical = _column([p.typical_p < 1.0 for p in plans])
+    if any(p.dynatemp_range > 0 for p in plans):
+        group.temperature = _column([p.temperature for p in plans])
+        group.dynatemp_range = _column([p.dynatemp_range for p in plans])
+        group.dynatemp_exponent = _column([p.dynatemp_exponent for p in plans])
+        group.uses_dynatemp = _column([p.dynatemp_range > 0 for p in plans])
     return group
 
 
@@ -227,11 +250,16 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
     for i, member in enumerate(group.members):
         member.key = split[i, 0]
     vals = rows.astype(mx.float32)
+    if group.top_n_sigma is not None:
+        masked = mask_top_n_sigma(vals, group.top_n_sigma)
+        vals = mx.where(group.uses_top_n_sigma, masked, vals)  # type: ignore[arg-type]
     idx: mx.array | None = None
     if group.kind == "top_k":
         vals, idx = top_k_candidates(vals, group.k)
     elif group.kind == "sorted":
         vals, idx = sorted_candidates(vals)
+    if group.typical_p is not None:
+        vals = mx.where(group.uses_typical, mask_typical(vals, group.typical_p), vals)  # type: ignore[arg-type]
     if group.top_p is not None:
         vals = mx.where(group.uses_top_p, mask_top_p(vals, group.top_p), vals)  # type: ignore[arg-type]
     if group.log_min_p is not None:
@@ -241,14 +269,23 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
         if not group.xtc_always:
             apply = _uniform1(split[:, 1]) < group.xtc_probability
         vals = mask_xtc(vals, group.xtc_threshold, apply)  # type: ignore[arg-type]
-    vals = vals * group.inv_temperature  # type: ignore[operator]
+    if group.dynatemp_range is not None:
+        dynamic = dynamic_temperature(
+            vals,
+            group.temperature,  # type: ignore[arg-type]
+            group.dynatemp_range,
+            group.dynatemp_exponent,  # type: ignore[arg-type]
+        )
+        vals = vals * mx.where(group.uses_dynatemp, 1.0 / dynamic, group.inv_temperature)  # type: ignore[arg-type]
+    else:
+        vals = vals * group.inv_temperature  # type: ignore[operator]
     if group.p_less is not None:
         vals = mx.where(group.p_less, mask_p_less(vals), vals)
     choice = _choice(vals, split[:, 2])
     tokens = choice if idx is None else mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
     if group.post is not None:
         # Only the rows that asked, in one graph: the draw's distribution, summarized.
-        ordered = idx is not None and group.xtc_probability is None
+        ordered = idx is not None and group.xtc_probability is None and group.typical_p is None
         sub = [_post_rows(group, a) for a in (vals, choice, tokens)]
         sub_idx = None if idx is None else _post_rows(group, idx)
         chosen, top, ids = truncated_top(sub[0], sub_idx, sub[1], group.post_n, ordered=ordered)

@@ -16,7 +16,8 @@ class SamplingParams:
     Window sizes follow llama-server's `repeat_last_n`: 0 disables the penalty, -1 means the
     whole context. DRY is the exception (`dry_penalty_last_n` 0 or -1: whole context).
     `top_k` <= 0 is off, `temperature` <= 0 is greedy, a negative `seed` is like None
-    (llama-server's -1: a fresh random seed).
+    (llama-server's -1: a fresh random seed). `top_n_sigma` <= 0, `typical_p` 1 and
+    `dynatemp_range` 0 are off, as in llama-server.
     """
 
     temperature: float = 0.8
@@ -36,6 +37,10 @@ class SamplingParams:
     dry_sequence_breakers: tuple[int, ...] = ()
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
+    top_n_sigma: float = -1.0
+    typical_p: float = 1.0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
 
@@ -57,6 +62,10 @@ class SamplingParams:
             "dry_base",
             "xtc_probability",
             "xtc_threshold",
+            "top_n_sigma",
+            "typical_p",
+            "dynatemp_range",
+            "dynatemp_exponent",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -101,6 +110,12 @@ class SamplingParams:
         _check(
             0 <= self.xtc_threshold <= 1,
             f"xtc_threshold must be in [0, 1], not {self.xtc_threshold}",
+        )
+        _check(0 < self.typical_p <= 1, f"typical_p must be in (0, 1], not {self.typical_p}")
+        _check(self.dynatemp_range >= 0, f"dynatemp_range must be >= 0, not {self.dynatemp_range}")
+        _check(
+            self.dynatemp_exponent >= 0,
+            f"dynatemp_exponent must be >= 0, not {self.dynatemp_exponent}",
         )
         _check(
             self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
@@ -188,6 +203,10 @@ SAMPLING_KNOBS: tuple[SamplingKnob, ...] = (
     _knob("dry_penalty_last_n", "dry_penalty_last_n", int, props="dry_penalty_last_n"),
     _knob("xtc_probability", "xtc_probability", float),
     _knob("xtc_threshold", "xtc_threshold", float),
+    _knob("top_n_sigma", "top_n_sigma", float),
+    _knob("typical_p", "typical_p", float),
+    _knob("dynatemp_range", "dynatemp_range", float),
+    _knob("dynatemp_exponent", "dynatemp_exponent", float),
     _knob("p_less", "", bool),
 )
 """Every plain sampling knob, in `/props` order. `p_less` has no server setting (off). The

@@ -1,9 +1,11 @@
-"""Token samplers: top-k, top-p, min-p, XTC, temperature and p-less, then a categorical draw.
+"""Token samplers: top-n-sigma, top-k, typical-p, top-p, min-p, XTC, temperature (fixed or
+dynamic) and p-less, then a categorical draw.
 
-The order is llama.cpp's (top_k; top_p; min_p; xtc; temperature; p_less). A sampler is a
-closure `sampler(logprobs[B, V]) -> token ids[B]` that stays lazy (no host sync). When top-k
-is on, every later stage works on the k candidates only (a partition instead of a full
-vocabulary sort); without top-k the vocabulary is sorted only when top-p needs it.
+The order is llama.cpp's (top_n_sigma; top_k; typ_p; top_p; min_p; xtc; temperature), with
+mlxcel's p-less last. A sampler is a closure `sampler(logprobs[B, V]) -> token ids[B]` that
+stays lazy (no host sync). When top-k is on, every later stage works on the k candidates
+only (a partition instead of a full vocabulary sort); without top-k the vocabulary is sorted
+only when top-p needs it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from mlxcel.engine.sampling.params import SamplingParams
 Sampler = Callable[[mx.array], mx.array]
 
 _NEG_INF = float("-inf")
+_MIN_TEMPERATURE = 1e-6  # a dynamic temperature of 0 (llama.cpp divides by it) draws greedily
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,10 @@ class _Plan:
     xtc_probability: float
     xtc_threshold: float
     p_less: bool
+    top_n_sigma: float | None = None
+    typical_p: float = 1.0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
 
     @classmethod
     def from_params(cls, params: SamplingParams) -> _Plan:
@@ -44,6 +51,10 @@ class _Plan:
             xtc_probability=float(params.xtc_probability),
             xtc_threshold=float(params.xtc_threshold),
             p_less=bool(params.p_less),
+            top_n_sigma=float(params.top_n_sigma) if params.top_n_sigma > 0 else None,
+            typical_p=float(params.typical_p),
+            dynatemp_range=float(params.dynatemp_range),
+            dynatemp_exponent=float(params.dynatemp_exponent),
         )
 
 
@@ -64,6 +75,60 @@ def sorted_candidates(logprobs: mx.array) -> tuple[mx.array, mx.array]:
     """All tokens, most probable first: (values, token ids)."""
     idx = mx.argsort(-logprobs, axis=-1)
     return mx.take_along_axis(logprobs, idx, axis=-1), idx
+
+
+def mask_top_n_sigma(vals: mx.array, n: float | mx.array) -> mx.array:
+    """Keep tokens whose logit is at least max - n * std, the mean and standard deviation
+    taken over the finite logits of the row (llama.cpp's top-n-sigma; shift-invariant, so
+    log-probabilities give the same set as logits)."""
+    finite = vals > _NEG_INF
+    count = mx.maximum(mx.sum(finite, axis=-1, keepdims=True), 1)
+    mean = mx.sum(mx.where(finite, vals, 0.0), axis=-1, keepdims=True) / count
+    centred = mx.where(finite, vals - mean, 0.0)
+    std = mx.sqrt(mx.sum(centred * centred, axis=-1, keepdims=True) / count)
+    threshold = mx.max(vals, axis=-1, keepdims=True) - n * std
+    return mx.where(vals >= threshold, vals, _NEG_INF)
+
+
+def _entropy(vals: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """(log-probabilities, probabilities, entropy [B, 1]) of `softmax(vals)` per row."""
+    logp = vals - mx.logsumexp(vals, axis=-1, keepdims=True)
+    probs = mx.exp(logp)
+    entropy = -mx.sum(mx.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+    return logp, probs, entropy
+
+
+def mask_typical(vals: mx.array, typical_p: float | mx.array) -> mx.array:
+    """Locally typical sampling: keep the tokens whose surprise -log p is closest to the
+    entropy, fewest first, until their mass exceeds `typical_p` (llama.cpp's typ_p: the
+    token that crosses it is kept)."""
+    logp, probs, entropy = _entropy(vals)
+    finite = vals > _NEG_INF
+    shifted = mx.where(finite, mx.abs(-logp - entropy), math.inf)
+    order = mx.argsort(shifted, axis=-1)
+    mass_before = mx.cumsum(mx.take_along_axis(probs, order, axis=-1), axis=-1, inclusive=False)
+    keep_sorted = mass_before <= typical_p
+    keep = mx.put_along_axis(mx.zeros(vals.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
+    return mx.where(keep & finite, vals, _NEG_INF)
+
+
+def dynamic_temperature(
+    vals: mx.array,
+    temperature: float | mx.array,
+    dynatemp_range: float | mx.array,
+    exponent: float | mx.array,
+) -> mx.array:
+    """llama.cpp's dynamic temperature [B, 1]: from temperature - range (at least 0) for a
+    certain row to temperature + range for a uniform one, by the row's entropy over its
+    finite candidates relative to the most it could be, raised to `exponent`."""
+    _, _, entropy = _entropy(vals)
+    count = mx.sum(vals > _NEG_INF, axis=-1, keepdims=True)
+    most = mx.log(mx.maximum(count, 2).astype(mx.float32))
+    normalized = mx.where(count > 1, entropy / most, 0.0)
+    low = mx.maximum(temperature - dynatemp_range, 0.0)
+    high = temperature + dynatemp_range
+    # A certain row at range >= temperature gets 0: the draw is then the top token.
+    return mx.maximum(low + (high - low) * mx.power(normalized, exponent), _MIN_TEMPERATURE)
 
 
 def mask_top_p(sorted_vals: mx.array, top_p: float) -> mx.array:
@@ -119,11 +184,15 @@ def _truncate(
     """
     vocab = logprobs.shape[-1]
     vals = logprobs.astype(mx.float32)
+    if plan.top_n_sigma is not None:
+        vals = mask_top_n_sigma(vals, plan.top_n_sigma)
     idx: mx.array | None = None
     if 0 < plan.top_k < vocab:
         vals, idx = top_k_candidates(vals, plan.top_k)
     elif plan.top_p < 1.0:
         vals, idx = sorted_candidates(vals)
+    if plan.typical_p < 1.0:
+        vals = mask_typical(vals, plan.typical_p)
     if plan.top_p < 1.0:
         vals = mask_top_p(vals, plan.top_p)
     if plan.log_min_p is not None:
@@ -134,7 +203,13 @@ def _truncate(
             draw = mx.random.uniform(shape=(vals.shape[0], 1), key=xtc_key)
             apply = draw < plan.xtc_probability
         vals = mask_xtc(vals, plan.xtc_threshold, apply)
-    vals = vals * (1.0 / plan.temperature)
+    if plan.dynatemp_range > 0:
+        temperature = dynamic_temperature(
+            vals, plan.temperature, plan.dynatemp_range, plan.dynatemp_exponent
+        )
+        vals = vals * (1.0 / temperature)
+    else:
+        vals = vals * (1.0 / plan.temperature)
     if plan.p_less:
         vals = mask_p_less(vals)
     return vals, idx
