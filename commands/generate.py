@@ -125,6 +125,24 @@ def generate(
         help="Dynamic temperature exponent.",
         show_default=SETTING_DEFAULTS["dynatemp_exponent"],
     ),
+    mirostat: int | None = typer.Option(
+        None,
+        "--mirostat",
+        help="Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces top-k to XTC).",
+        show_default=SETTING_DEFAULTS["mirostat"],
+    ),
+    mirostat_tau: float | None = typer.Option(
+        None,
+        "--mirostat-ent",
+        help="Mirostat target entropy (tau).",
+        show_default=SETTING_DEFAULTS["mirostat_tau"],
+    ),
+    mirostat_eta: float | None = typer.Option(
+        None,
+        "--mirostat-lr",
+        help="Mirostat learning rate (eta).",
+        show_default=SETTING_DEFAULTS["mirostat_eta"],
+    ),
     seed: int | None = typer.Option(
         None, "--seed", "-s", help="Seed (-1 = random).", show_default=SETTING_DEFAULTS["seed"]
     ),
@@ -203,6 +221,9 @@ def generate(
         "typical_p": typical_p,
         "dynatemp_range": dynatemp_range,
         "dynatemp_exponent": dynatemp_exponent,
+        "mirostat": mirostat,
+        "mirostat_tau": mirostat_tau,
+        "mirostat_eta": mirostat_eta,
         "seed": seed,
         "chat_template_file": chat_template_file,
         "no_chat_template": no_chat_template or None,

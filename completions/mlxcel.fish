@@ -95,6 +95,9 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l max-tokens
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l min-count
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l min-p
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l min-pattern-size
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l mirostat
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l mirostat-ent
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l mirostat-lr
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l model
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l n-predict
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l no-chat-template

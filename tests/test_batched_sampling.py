@@ -43,6 +43,8 @@ MIXED = (
     SamplingParams(
         temperature=0.5, seed=11, top_k=0, top_p=0.9, dynatemp_range=0.8, dynatemp_exponent=2.0
     ),
+    SamplingParams(temperature=0.8, seed=12, mirostat=2, mirostat_tau=3.0),
+    SamplingParams(temperature=1.0, seed=13, mirostat=1, mirostat_tau=4.0, mirostat_eta=0.2),
 )
 
 

@@ -95,7 +95,7 @@ PINNED = {
     " -lm --threads-http -cmoe -ncmoe --op-offload --webui --ui-config -sps"
     " -hft --offline --draft-max -td -ngld",
     Status.REFUSED: "--lora --lora-scaled --control-vector --control-vector-scaled"
-    " --control-vector-layer-range --grammar --grammar-file -j -jf --mirostat --rope-scaling"
+    " --control-vector-layer-range --grammar --grammar-file -j -jf --rope-scaling"
     " --rope-scale --rope-freq-base --rope-freq-scale --yarn-orig-ctx --yarn-ext-factor -mu -hf"
     " -hff -dr --override-kv --models-dir --models-preset -mm -mmu --tools --mcp-servers-config"
     " --mcp-servers-json --agent --samplers -l"
@@ -106,7 +106,7 @@ PINNED = {
     " --chat-template --chat-template-kwargs -a -to --embedding --rerank --pooling --warmup"
     " --max-queue-depth --max-body-size --metrics-port -P --cpu-dtype --grammar-backend"
     " --no-chat-template --sleep-idle-seconds --top-nsigma --typical --dynatemp-range"
-    " --dynatemp-exp",
+    " --dynatemp-exp --mirostat --mirostat-lr --mirostat-ent",
 }
 
 
@@ -152,6 +152,9 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "typical_p": ("0.7", 0.7),
     "dynatemp_range": ("0.3", 0.3),
     "dynatemp_exponent": ("2", 2.0),
+    "mirostat": ("2", 2),
+    "mirostat_tau": ("3", 3.0),
+    "mirostat_eta": ("0.2", 0.2),
     "repeat_last_n": ("32", 32),
     "repeat_penalty": ("1.1", 1.1),
     "presence_penalty": ("0.5", 0.5),
@@ -363,9 +366,11 @@ def test_api_key_file_keys_are_read(tmp_path: Path) -> None:
 
 
 def test_refused_rows_accept_their_harmless_forms() -> None:
-    out = parse_serve_args(["--mirostat", "0", "--no-context-shift", "--rope-scaling", "none"])
+    out = parse_serve_args(
+        ["--adaptive-target", "-1", "--no-context-shift", "--rope-scaling", "none"]
+    )
     assert out.cli == {} and len(out.warnings) == 3
-    for argv in (["--mirostat", "2"], ["--context-shift"], ["--rope-scaling", "yarn"]):
+    for argv in (["--adaptive-target", "0.5"], ["--context-shift"], ["--rope-scaling", "yarn"]):
         with pytest.raises(SettingsError):
             parse_serve_args(argv)
 

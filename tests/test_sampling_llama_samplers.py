@@ -206,3 +206,140 @@ def test_served_requests_use_and_report_them(tiny_llama_dir: Any) -> None:
         assert bad.status_code == 400 and "typical_p" in bad.json()["error"]["message"]
     finally:
         server.stop()
+
+
+# -- Mirostat ------------------------------------------------------------------------------
+
+
+def _reference_mirostat_keep(sorted_logits: np.ndarray, mu: float, version: int) -> int:
+    """How many of the sorted candidates llama.cpp's mirostat (1) / mirostat_v2 (2) keep."""
+    probs = np.exp(sorted_logits - sorted_logits.max())
+    probs /= probs.sum()
+    if version == 2:
+        kept = next((i for i, q in enumerate(probs) if -math.log2(q) > mu), len(probs))
+        return max(kept, 1)
+    sum_tb = sum_tt = 0.0
+    for i in range(min(99, len(probs) - 1)):
+        t = math.log((i + 2) / (i + 1))
+        b = math.log(probs[i] / probs[i + 1])
+        sum_tb += t * b
+        sum_tt += t * t
+    s_hat = sum_tb / sum_tt
+    epsilon = s_hat - 1
+    k = (epsilon * 2**mu / (1 - len(probs) ** -epsilon)) ** (1 / s_hat)
+    return min(max(int(k), 1), len(probs))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("mu", [1.0, 3.0, 6.0, 10.0])
+@pytest.mark.parametrize("row", range(len(ROWS)))
+def test_mirostat_truncation_matches_llama_cpp(version: int, mu: float, row: int) -> None:
+    from mlxcel.engine.sampling.samplers import mirostat_mask
+
+    logits = np.sort(np.concatenate([ROWS[row], ROWS[row] * 0.5 - 3]))[::-1].copy()
+    vals = mirostat_mask(
+        mx.array(logits[None, :].astype(np.float32)), mx.array([[mu]]), version, 128
+    )
+    kept = int(np.isfinite(np.array(vals)).sum())
+    assert kept == _reference_mirostat_keep(logits.astype(np.float32), mu, version)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_updates_mu_by_the_surprise_of_each_draw(version: int) -> None:
+    """The sampler's mu follows llama.cpp's rule mu -= eta * (surprise - tau), the surprise
+    measured on the truncated distribution, and every draw comes from the kept tokens."""
+    from mlxcel.engine.sampling.samplers import make_sampler
+
+    tau, eta, temp = 3.0, 0.3, 0.9
+    params = SamplingParams(
+        temperature=temp, mirostat=version, mirostat_tau=tau, mirostat_eta=eta, seed=4
+    )
+    sampler = make_sampler(params)
+    rng = np.random.default_rng(7)
+    mu = 2 * tau
+    for _ in range(30):
+        logits = rng.normal(scale=3.0, size=128).astype(np.float32)
+        row = mx.array(logits[None, :])
+        token = int(sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)).item())
+        recorded = float(sampler.mirostat_used[-1][1].item())  # type: ignore[attr-defined]
+        assert recorded == pytest.approx(mu, abs=1e-4)
+        order = np.argsort(-logits, kind="stable")
+        scaled = (logits / temp)[order]
+        kept = _reference_mirostat_keep(scaled, mu, version)
+        assert token in set(order[:kept].tolist())
+        probs = np.exp(scaled[:kept] - scaled[:kept].max())
+        probs /= probs.sum()
+        surprise = -math.log2(probs[list(order[:kept]).index(token)])
+        mu -= eta * (surprise - tau)
+
+
+def test_mirostat_2_holds_the_surprise_near_tau() -> None:
+    from mlxcel.engine.sampling.samplers import make_sampler
+
+    tau = 2.5
+    sampler = make_sampler(SamplingParams(temperature=1.0, mirostat=2, mirostat_tau=tau, seed=1))
+    logits = mx.array(np.random.default_rng(3).normal(scale=2.0, size=(1, 256)).astype(np.float32))
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    full = np.array(logprobs[0]) / -math.log(2)  # surprise under the whole distribution
+    seen = [full[int(sampler(logprobs).item())] for _ in range(400)]
+    plain = float((np.exp(np.array(logprobs[0])) * full).sum())  # entropy, untruncated
+    assert plain > tau + 1.5  # the model alone is much more surprising than the target
+    assert np.mean(seen[100:]) < plain - 1.0  # Mirostat pulls the draws toward tau
+
+
+def test_mirostat_flags_and_request_fields(tiny_llama_dir: Any) -> None:
+    import httpx
+
+    argv = ["--mirostat", "2", "--mirostat-lr", "0.2", "--mirostat-ent", "3"]
+    settings = resolve_settings(cli=parse_serve_args(argv).cli, env={}).settings
+    assert (settings.mirostat, settings.mirostat_eta, settings.mirostat_tau) == (2, 0.2, 3.0)
+    server = ServeProcess(["-m", str(tiny_llama_dir), "--no-warmup", "--mirostat", "1"])
+    server.start()
+    try:
+        props = httpx.get(f"{server.url}/props", timeout=30).json()
+        assert props["default_generation_settings"]["params"]["mirostat"] == 1
+        body = {
+            "prompt": "Once upon a time",
+            "n_predict": 8,
+            "seed": 3,
+            "mirostat": 2,
+            "mirostat_tau": 4.0,
+            "mirostat_eta": 0.2,
+            "n_probs": 3,
+            "post_sampling_probs": True,
+        }
+        first = httpx.post(f"{server.url}/completion", json=body, timeout=60).json()
+        again = httpx.post(f"{server.url}/completion", json=body, timeout=60).json()
+        assert first["content"] == again["content"]
+        assert first["completion_probabilities"] == again["completion_probabilities"]
+        params = first["generation_settings"]
+        assert (params["mirostat"], params["mirostat_tau"], params["mirostat_eta"]) == (2, 4.0, 0.2)
+        bad = httpx.post(f"{server.url}/completion", json={**body, "mirostat": 3}, timeout=30)
+        assert bad.status_code == 400 and "mirostat" in bad.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_mirostat_post_sampling_batched_and_recomputed_agree() -> None:
+    """A batched row's recorded distribution equals the one `post_sampling_of` rebuilds
+    from the request's own closure (which keeps the mu of each draw)."""
+    from mlxcel.engine.sampling.batched import BatchSampler, RowSampling
+    from mlxcel.engine.sampling.samplers import make_sampler, post_sampling_of
+
+    for version in (1, 2):
+        params = SamplingParams(temperature=0.9, mirostat=version, mirostat_tau=3.0, seed=5)
+        row = RowSampling(params, 96, post_probs=4)
+        closure = make_sampler(params)
+        batch = BatchSampler()
+        rng = np.random.default_rng(version)
+        for _ in range(12):
+            x = mx.array(rng.normal(scale=2.5, size=(1, 96)).astype(np.float32))
+            lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+            token = int(batch.sample([row], lp).item())
+            assert int(closure(lp).item()) == token
+            got = row.take_post(token)
+            again = post_sampling_of(params, lp[0], token, 4, closure)
+            assert got is not None
+            assert got[0] == pytest.approx(again[0], abs=1e-5)
+            assert [t for t, _ in got[1]] == [t for t, _ in again[1]]
+            assert len(got[1]) >= 1 and got[0] <= 0.0

@@ -20,7 +20,7 @@ def _value(knob: SamplingKnob) -> Any:
     if knob.kind is bool:
         return True
     if knob.kind is int:
-        return 7
+        return 2 if knob.name == "mirostat" else 7
     return 0.5 if knob.name != "dry_base" else 2.5
 
 

@@ -302,6 +302,28 @@ class Settings(BaseModel):
         group="sampling",
         ge=0.0,
     )
+    mirostat: int = _f(
+        0,
+        "Mirostat sampling: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces top-k to XTC)",
+        env="MLXCEL_MIROSTAT",
+        group="sampling",
+        ge=0,
+        le=2,
+    )
+    mirostat_tau: float = _f(
+        5.0,
+        "Mirostat target entropy (tau)",
+        env="MLXCEL_MIROSTAT_TAU",
+        group="sampling",
+        ge=0.0,
+    )
+    mirostat_eta: float = _f(
+        0.1,
+        "Mirostat learning rate (eta)",
+        env="MLXCEL_MIROSTAT_ETA",
+        group="sampling",
+        ge=0.0,
+    )
     seed: int = _f(-1, "RNG seed (-1 = random)", env="MLXCEL_SEED", group="sampling", ge=-1)
     n_predict: int = _f(
         -1,

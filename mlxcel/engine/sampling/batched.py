@@ -4,8 +4,8 @@ mlx-lm's `BatchGenerator` samples a batch in one call only when every row holds 
 sampler object; otherwise it calls each row's sampler on its own one-row slice (one small
 graph per request per step). `BatchSampler` is that one shared object: before each call
 the engine queues the rows the call will see (`expect`), and the sampler applies each row's
-temperature (fixed or dynamic), top-n-sigma, top-k, typical-p, top-p, min-p, XTC, p-less and
-random key as per-row arrays.
+temperature (fixed or dynamic), top-n-sigma, top-k, typical-p, top-p, min-p, XTC, p-less,
+Mirostat target and random key as per-row arrays.
 
 Rows are grouped by how their candidates are found (greedy; the top k for one k; the whole
 vocabulary sorted; the whole vocabulary in its own order), and each group is one batched
@@ -45,6 +45,7 @@ from mlxcel.engine.sampling.samplers import (
     PostSampling,
     _initial_key,
     _Plan,
+    chosen_tokens,
     dynamic_temperature,
     greedy_post_sampling,
     gumbel_choice,
@@ -55,6 +56,8 @@ from mlxcel.engine.sampling.samplers import (
     mask_top_p,
     mask_typical,
     mask_xtc,
+    mirostat_mask,
+    mirostat_update,
     sorted_candidates,
     top_k_candidates,
     truncated_top,
@@ -94,7 +97,18 @@ class _PostBatch:
 class RowSampling:
     """One request's sampling state inside a `BatchSampler` (its plan and random key)."""
 
-    __slots__ = ("bias", "greedy", "group", "key", "last", "params", "plan", "post", "post_n")
+    __slots__ = (
+        "bias",
+        "greedy",
+        "group",
+        "key",
+        "last",
+        "mu",
+        "params",
+        "plan",
+        "post",
+        "post_n",
+    )
 
     def __init__(
         self,
@@ -118,8 +132,12 @@ class RowSampling:
         self.key: mx.array | None = None if self.greedy else _initial_key(params.seed)
         self.last: tuple[mx.array, mx.array, int] | None = None  # (tokens, logprobs, row)
         plan = self.plan
+        self.mu: mx.array | None = None  # Mirostat's target, [1]
         if self.greedy:
             self.group: tuple[str, int] = ("greedy", 0)
+        elif plan.mirostat:
+            self.group = ("mirostat", plan.mirostat)
+            self.mu = mx.array([plan.initial_mu], dtype=mx.float32)
         elif 0 < plan.top_k < vocab_size:
             self.group = ("top_k", plan.top_k)
         elif plan.top_p < 1.0:
@@ -166,6 +184,8 @@ class _Group:
     dynatemp_range: mx.array | None = None
     dynatemp_exponent: mx.array | None = None
     uses_dynatemp: mx.array | None = None
+    mirostat_tau: mx.array | None = None
+    mirostat_eta: mx.array | None = None
     post: list[RowSampling] | None = None  # members keeping post-sampling distributions
     post_index: mx.array | None = None  # their positions in the group; None: all of it
     post_n: int = 0
@@ -200,6 +220,10 @@ def _build_group(
         return group
     plans = [m.plan for m in members]
     group.inv_temperature = _column([1.0 / p.temperature for p in plans])
+    if kind == "mirostat":
+        group.mirostat_tau = _column([p.mirostat_tau for p in plans])
+        group.mirostat_eta = _column([p.mirostat_eta for p in plans])
+        return group
     if any(p.top_p < 1.0 for p in plans):
         group.top_p = _column([p.top_p for p in plans])
         group.uses_top_p = _column([p.top_p < 1.0 for p in plans])
@@ -250,6 +274,9 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
     for i, member in enumerate(group.members):
         member.key = split[i, 0]
     vals = rows.astype(mx.float32)
+    if group.kind == "mirostat":
+        ordered = group.k == 1  # Mirostat 1 sorts; 2 is a threshold in vocabulary order
+        return _drawn(group, *_mirostat_group(group, vals), split[:, 2], ordered=ordered)
     if group.top_n_sigma is not None:
         masked = mask_top_n_sigma(vals, group.top_n_sigma)
         vals = mx.where(group.uses_top_n_sigma, masked, vals)  # type: ignore[arg-type]
@@ -281,11 +308,36 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
         vals = vals * group.inv_temperature  # type: ignore[operator]
     if group.p_less is not None:
         vals = mx.where(group.p_less, mask_p_less(vals), vals)
-    choice = _choice(vals, split[:, 2])
-    tokens = choice if idx is None else mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+    ordered = idx is not None and group.xtc_probability is None and group.typical_p is None
+    return _drawn(group, vals, idx, split[:, 2], ordered=ordered)
+
+
+def _mirostat_group(group: _Group, vals: mx.array) -> tuple[mx.array, mx.array | None]:
+    """Mirostat rows: the temperature, then each row's truncation at its own mu."""
+    vals = vals * group.inv_temperature  # type: ignore[operator]
+    vocab = vals.shape[-1]
+    mu = mx.stack([m.mu for m in group.members])  # type: ignore[misc]
+    if group.k == 2:
+        return mirostat_mask(vals, mu, 2, vocab), None
+    vals, idx = sorted_candidates(vals)
+    return mirostat_mask(vals, mu, 1, vocab), idx
+
+
+def _drawn(
+    group: _Group, vals: mx.array, idx: mx.array | None, keys: mx.array, *, ordered: bool
+) -> mx.array:
+    """Draw each row's token from its final candidates `vals`; keep what follows a draw (a
+    Mirostat row's next mu, post-sampling distributions)."""
+    choice = _choice(vals, keys)
+    tokens = chosen_tokens(choice, idx)
+    if group.kind == "mirostat":
+        mu = mx.stack([m.mu for m in group.members])  # type: ignore[misc]
+        new_mu = mirostat_update(vals, choice, mu, group.mirostat_tau, group.mirostat_eta)  # type: ignore[arg-type]
+        mx.async_eval(new_mu)
+        for i, member in enumerate(group.members):
+            member.mu = new_mu[i]
     if group.post is not None:
         # Only the rows that asked, in one graph: the draw's distribution, summarized.
-        ordered = idx is not None and group.xtc_probability is None and group.typical_p is None
         sub = [_post_rows(group, a) for a in (vals, choice, tokens)]
         sub_idx = None if idx is None else _post_rows(group, idx)
         chosen, top, ids = truncated_top(sub[0], sub_idx, sub[1], group.post_n, ordered=ordered)

@@ -17,7 +17,8 @@ class SamplingParams:
     whole context. DRY is the exception (`dry_penalty_last_n` 0 or -1: whole context).
     `top_k` <= 0 is off, `temperature` <= 0 is greedy, a negative `seed` is like None
     (llama-server's -1: a fresh random seed). `top_n_sigma` <= 0, `typical_p` 1 and
-    `dynatemp_range` 0 are off, as in llama-server.
+    `dynatemp_range` 0 are off, as in llama-server. `mirostat` 1 or 2 replaces the
+    truncation stages (top-n-sigma to XTC) with Mirostat, as llama-server does.
     """
 
     temperature: float = 0.8
@@ -41,6 +42,9 @@ class SamplingParams:
     typical_p: float = 1.0
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
 
@@ -66,6 +70,8 @@ class SamplingParams:
             "typical_p",
             "dynatemp_range",
             "dynatemp_exponent",
+            "mirostat_tau",
+            "mirostat_eta",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -78,6 +84,7 @@ class SamplingParams:
             "penalty_context_size",
             "dry_allowed_length",
             "dry_penalty_last_n",
+            "mirostat",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -117,6 +124,9 @@ class SamplingParams:
             self.dynatemp_exponent >= 0,
             f"dynatemp_exponent must be >= 0, not {self.dynatemp_exponent}",
         )
+        _check(self.mirostat in (0, 1, 2), f"mirostat must be 0, 1 or 2, not {self.mirostat}")
+        _check(self.mirostat_tau >= 0, f"mirostat_tau must be >= 0, not {self.mirostat_tau}")
+        _check(self.mirostat_eta >= 0, f"mirostat_eta must be >= 0, not {self.mirostat_eta}")
         _check(
             self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
             f"seed must be an integer or None, not {self.seed!r}",
@@ -207,6 +217,9 @@ SAMPLING_KNOBS: tuple[SamplingKnob, ...] = (
     _knob("typical_p", "typical_p", float),
     _knob("dynatemp_range", "dynatemp_range", float),
     _knob("dynatemp_exponent", "dynatemp_exponent", float),
+    _knob("mirostat", "mirostat", int),
+    _knob("mirostat_tau", "mirostat_tau", float),
+    _knob("mirostat_eta", "mirostat_eta", float),
     _knob("p_less", "", bool),
 )
 """Every plain sampling knob, in `/props` order. `p_less` has no server setting (off). The

@@ -2,16 +2,20 @@
 dynamic) and p-less, then a categorical draw.
 
 The order is llama.cpp's (top_n_sigma; top_k; typ_p; top_p; min_p; xtc; temperature), with
-mlxcel's p-less last. A sampler is a closure `sampler(logprobs[B, V]) -> token ids[B]` that
-stays lazy (no host sync). When top-k is on, every later stage works on the k candidates
-only (a partition instead of a full vocabulary sort); without top-k the vocabulary is sorted
-only when top-p needs it.
+mlxcel's p-less last. Mirostat (1 or 2) replaces that chain, as in llama.cpp: the temperature,
+then Mirostat's own truncation, whose target `mu` each draw updates (the sampler's state).
+
+A sampler is a closure `sampler(logprobs[B, V]) -> token ids[B]` that stays lazy (no host
+sync). When top-k is on, every later stage works on the k candidates only (a partition
+instead of a full vocabulary sort); without top-k the vocabulary is sorted only when top-p
+needs it.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -22,6 +26,8 @@ from mlxcel.engine.sampling.params import SamplingParams
 Sampler = Callable[[mx.array], mx.array]
 
 _NEG_INF = float("-inf")
+_LN2 = math.log(2.0)
+MIROSTAT_M = 100  # llama.cpp's m: Mirostat 1 fits its Zipf exponent on the top 100 tokens
 _MIN_TEMPERATURE = 1e-6  # a dynamic temperature of 0 (llama.cpp divides by it) draws greedily
 
 
@@ -40,6 +46,9 @@ class _Plan:
     typical_p: float = 1.0
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
     @classmethod
     def from_params(cls, params: SamplingParams) -> _Plan:
@@ -55,7 +64,15 @@ class _Plan:
             typical_p=float(params.typical_p),
             dynatemp_range=float(params.dynatemp_range),
             dynatemp_exponent=float(params.dynatemp_exponent),
+            mirostat=int(params.mirostat),
+            mirostat_tau=float(params.mirostat_tau),
+            mirostat_eta=float(params.mirostat_eta),
         )
+
+    @property
+    def initial_mu(self) -> float:
+        """Mirostat's starting target: twice tau, as llama.cpp starts it."""
+        return 2.0 * self.mirostat_tau
 
 
 def greedy(logprobs: mx.array) -> mx.array:
@@ -129,6 +146,48 @@ def dynamic_temperature(
     high = temperature + dynatemp_range
     # A certain row at range >= temperature gets 0: the draw is then the top token.
     return mx.maximum(low + (high - low) * mx.power(normalized, exponent), _MIN_TEMPERATURE)
+
+
+def mirostat_mask(vals: mx.array, mu: mx.array, version: int, vocab: int) -> mx.array:
+    """Mirostat's truncation of one step (llama.cpp's mirostat / mirostat_v2 samplers).
+
+    `vals` are the temperature-scaled values, `mu` ([B, 1]) each row's current target.
+    Version 2 keeps the tokens whose surprise -log2 p is at most mu (a threshold: `vals` may
+    be in any order). Version 1 needs `vals` most probable first: it keeps the top k, k
+    estimated from the Zipf exponent of the `MIROSTAT_M` most probable tokens and mu over a
+    vocabulary of `vocab`. The most probable token always stays.
+    """
+    width = vals.shape[-1]
+    logp = vals - mx.logsumexp(vals, axis=-1, keepdims=True)
+    if version == 2:
+        top = vals >= mx.max(vals, axis=-1, keepdims=True)
+        return mx.where((-logp / _LN2 <= mu) | top, vals, _NEG_INF)
+    m = min(MIROSTAT_M, width)
+    head = logp[:, :m]
+    b = head[:, :-1] - head[:, 1:]
+    i = mx.arange(m - 1).astype(mx.float32)
+    t = mx.log((i + 2.0) / (i + 1.0))
+    used = mx.isfinite(b)  # a token a grammar removed has no probability to compare
+    sum_tb = mx.sum(mx.where(used, t * b, 0.0), axis=-1, keepdims=True)
+    sum_tt = mx.sum(mx.where(used, t * t, 0.0), axis=-1, keepdims=True)
+    s_hat = sum_tb / sum_tt
+    epsilon = s_hat - 1.0
+    k = mx.power(
+        epsilon * mx.power(2.0, mu) / (1.0 - mx.power(float(vocab), -epsilon)), 1.0 / s_hat
+    )
+    k = mx.where(mx.isfinite(k), k, float(width))
+    keep = mx.arange(width) < mx.maximum(mx.floor(k), 1.0)
+    return mx.where(keep, vals, _NEG_INF)
+
+
+def mirostat_update(
+    masked: mx.array, choice: mx.array, mu: mx.array, tau: float | mx.array, eta: float | mx.array
+) -> mx.array:
+    """The next mu ([B, 1]): mu - eta * (surprise of the drawn candidate - tau), the surprise
+    -log2 p under the truncated, renormalized distribution it was drawn from."""
+    logp = masked - mx.logsumexp(masked, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logp, choice[:, None], axis=-1)
+    return mu - eta * (-chosen / _LN2 - tau)
 
 
 def mask_top_p(sorted_vals: mx.array, top_p: float) -> mx.array:
@@ -224,6 +283,12 @@ def gumbel_choice(vals: mx.array, key: mx.array) -> mx.array:
     return mx.argmax(vals + mx.random.gumbel(shape=vals.shape, key=key), axis=-1)
 
 
+def chosen_tokens(choice: mx.array, idx: mx.array | None) -> mx.array:
+    """Token ids of each row's drawn candidate position `choice` ([B]) among candidates
+    `idx` ([B, width] token ids; None: the whole vocabulary in its own order)."""
+    return choice if idx is None else mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+
+
 def _initial_key(seed: int | None) -> mx.array:
     if seed is None or seed < 0:
         seed = secrets.randbits(63)
@@ -240,18 +305,64 @@ def make_sampler(params: SamplingParams) -> Sampler:
     if params.temperature <= 0:
         return greedy
     plan = _Plan.from_params(params)
+    if plan.mirostat:
+        return _mirostat_sampler(plan, params.seed)
     key = [_initial_key(params.seed)]
 
     def sampler(logprobs: mx.array) -> mx.array:
         keys = mx.random.split(key[0], 3)
         key[0] = keys[0]
         vals, idx = _truncate(plan, logprobs, keys[1])
-        choice = gumbel_choice(vals, keys[2])
-        if idx is None:
-            return choice
-        return mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+        return chosen_tokens(gumbel_choice(vals, keys[2]), idx)
 
     return sampler
+
+
+def _mirostat_candidates(
+    plan: _Plan, logprobs: mx.array, mu: mx.array
+) -> tuple[mx.array, mx.array | None]:
+    """Mirostat's candidates of one step: (values after the temperature and the truncation,
+    removed ones -inf; their token ids). Mirostat 1's are sorted, most probable first;
+    Mirostat 2's are the vocabulary in its own order (ids None)."""
+    vals = logprobs.astype(mx.float32) * (1.0 / plan.temperature)
+    vocab = logprobs.shape[-1]
+    if plan.mirostat == 2:  # a threshold: no sort
+        return mirostat_mask(vals, mu, 2, vocab), None
+    vals, idx = sorted_candidates(vals)
+    return mirostat_mask(vals, mu, 1, vocab), idx
+
+
+def _mirostat_sampler(plan: _Plan, seed: int | None) -> Sampler:
+    """One request's Mirostat sampler; its `mirostat_used` holds (token, mu) of the last
+    draws, for `post_sampling_of`."""
+    key = [_initial_key(seed)]
+    mu = [mx.array([[plan.initial_mu]], dtype=mx.float32)]
+    used: deque[tuple[mx.array, mx.array]] = deque(maxlen=4)
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        keys = mx.random.split(key[0], 3)
+        key[0] = keys[0]
+        vals, idx = _mirostat_candidates(plan, logprobs, mu[0])
+        choice = gumbel_choice(vals, keys[2])
+        tokens = chosen_tokens(choice, idx)
+        used.append((tokens, mu[0]))
+        mu[0] = mirostat_update(vals, choice, mu[0], plan.mirostat_tau, plan.mirostat_eta)
+        mx.async_eval(mu[0])  # else each step's mu keeps the previous step's graph alive
+        return tokens
+
+    sampler.mirostat_used = used  # type: ignore[attr-defined]
+    return sampler
+
+
+def _mirostat_mu_of(sampler: Sampler | None, token: int, plan: _Plan) -> mx.array:
+    """The mu `sampler` drew `token` with (its oldest recorded draw of that token; earlier
+    ones are dropped), or the initial mu when it kept no such draw."""
+    used = getattr(sampler, "mirostat_used", None)
+    while used:
+        tokens, mu = used.popleft()
+        if int(tokens[0].item()) == token:
+            return mu
+    return mx.array([[plan.initial_mu]], dtype=mx.float32)
 
 
 def make_distribution(params: SamplingParams) -> Callable[..., mx.array]:
@@ -259,6 +370,7 @@ def make_distribution(params: SamplingParams) -> Callable[..., mx.array]:
 
     Removed tokens are -inf; the rest are renormalized after the temperature. Greedy puts
     all the mass on the argmax. `key` only matters for XTC with 0 < probability < 1.
+    Mirostat's is the first draw's (mu at its initial value).
     """
     plan = _Plan.from_params(params)
 
@@ -268,7 +380,12 @@ def make_distribution(params: SamplingParams) -> Callable[..., mx.array]:
             best = mx.argmax(logprobs, axis=-1, keepdims=True)
             hot = mx.arange(vocab)[None, :] == best
             return mx.where(hot, 0.0, _NEG_INF)
-        vals, idx = _truncate(plan, logprobs, key)
+        idx: mx.array | None
+        if plan.mirostat:
+            mu = mx.full((rows, 1), plan.initial_mu, dtype=mx.float32)
+            vals, idx = _mirostat_candidates(plan, logprobs, mu)
+        else:
+            vals, idx = _truncate(plan, logprobs, key)
         if idx is not None:
             full = mx.full((rows, vocab), _NEG_INF, dtype=vals.dtype)
             vals = mx.put_along_axis(full, idx, vals, axis=-1)
@@ -325,19 +442,30 @@ def greedy_post_sampling(token: int, n: int) -> PostSampling:
 
 
 def post_sampling_of(
-    params: SamplingParams, logprobs: mx.array, token: int, n: int
+    params: SamplingParams,
+    logprobs: mx.array,
+    token: int,
+    n: int,
+    sampler: Sampler | None = None,
 ) -> PostSampling:
     """`PostSampling` of `token`, drawn from one row of log-probabilities `logprobs` with
-    `params`, computed again from that row (for tokens no `BatchSampler` drew).
+    `params`, computed again from that row (for tokens no `BatchSampler` drew). Mirostat
+    takes the mu of the draw from `sampler` (the request's own `make_sampler` closure).
 
     XTC with 0 < probability < 1 flips a coin per draw that is not known here: this takes a
     fresh coin, and the distribution without XTC when that one excludes `token` (which the
     draw itself then cannot have applied).
     """
     plan = _Plan.from_params(params)
-    if plan.temperature <= 0 or plan.top_k == 1:
+    if plan.temperature <= 0 or (plan.top_k == 1 and not plan.mirostat):
         return greedy_post_sampling(token, n)
     row = logprobs.reshape(1, -1)
+    if plan.mirostat:
+        kept, ids = _mirostat_candidates(plan, row, _mirostat_mu_of(sampler, token, plan))
+        position = mx.array([token]) if ids is None else mx.argmax(ids == token, axis=-1)
+        drawn, best, best_ids = truncated_top(kept, ids, position, n, ordered=ids is not None)
+        value = float(drawn.item())  # type: ignore[arg-type]
+        return host_post_sampling(value, best_ids[0].tolist(), best[0].tolist(), n)  # type: ignore[arg-type]
     choice = mx.array([token])
     for attempt in (plan, replace(plan, xtc_probability=0.0)):
         vals, idx = _truncate(attempt, row, None)

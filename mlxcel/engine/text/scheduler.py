@@ -727,7 +727,7 @@ class TextEngine(Sleeps):
         if got is None:
             from mlxcel.engine.sampling.samplers import post_sampling_of
 
-            got = post_sampling_of(job.request.sampling, r.logprobs, token, top_n)
+            got = post_sampling_of(job.request.sampling, r.logprobs, token, top_n, job.sampler)
         return (TokenLogprob(token, got[0], got[1]),)
 
     def _flush_sinks(self) -> None:

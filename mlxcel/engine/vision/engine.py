@@ -375,7 +375,7 @@ class VisionEngine(Sleeps):
             if request.logprobs is not None and request.post_sampling_probs:
                 from mlxcel.engine.sampling.samplers import post_sampling_of
 
-                got = post_sampling_of(request.sampling, logprobs, token, request.logprobs)
+                got = post_sampling_of(request.sampling, logprobs, token, request.logprobs, sampler)
                 items = (TokenLogprob(token, got[0], got[1]),)
             elif request.logprobs is not None:
                 items = (self._logprob(logprobs, token, request.logprobs),)

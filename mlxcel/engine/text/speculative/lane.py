@@ -224,7 +224,7 @@ class Speculator:
     def eligible(self, request: Any, processors: list[Any]) -> bool:
         """Whether `request` may use the lane: greedy, and no logits processor at all."""
         sampling = request.sampling
-        greedy = sampling.temperature <= 0 or sampling.top_k == 1
+        greedy = sampling.temperature <= 0 or (sampling.top_k == 1 and not sampling.mirostat)
         return (
             self.supported
             and greedy
