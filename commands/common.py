@@ -37,6 +37,8 @@ SETTING_DEFAULTS: dict[str, str] = {
     "mirostat": "0",
     "mirostat_tau": "5.0",
     "mirostat_eta": "0.1",
+    "adaptive_target": "-1.0",
+    "adaptive_decay": "0.9",
     "seed": "-1",
     "threads": "-1",
     "cpu_dtype": "auto",

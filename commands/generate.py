@@ -143,6 +143,18 @@ def generate(
         help="Mirostat learning rate (eta).",
         show_default=SETTING_DEFAULTS["mirostat_eta"],
     ),
+    adaptive_target: float | None = typer.Option(
+        None,
+        "--adaptive-target",
+        help="Adaptive-p: the probability drawn tokens should average (negative = off).",
+        show_default=SETTING_DEFAULTS["adaptive_target"],
+    ),
+    adaptive_decay: float | None = typer.Option(
+        None,
+        "--adaptive-decay",
+        help="Adaptive-p: decay of its running average.",
+        show_default=SETTING_DEFAULTS["adaptive_decay"],
+    ),
     seed: int | None = typer.Option(
         None, "--seed", "-s", help="Seed (-1 = random).", show_default=SETTING_DEFAULTS["seed"]
     ),
@@ -224,6 +236,8 @@ def generate(
         "mirostat": mirostat,
         "mirostat_tau": mirostat_tau,
         "mirostat_eta": mirostat_eta,
+        "adaptive_target": adaptive_target,
+        "adaptive_decay": adaptive_decay,
         "seed": seed,
         "chat_template_file": chat_template_file,
         "no_chat_template": no_chat_template or None,

@@ -77,6 +77,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from embed' -l profile
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s P
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s f
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s m
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l adaptive-decay
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l adaptive-target
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l audio
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l chat-template-file
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l cpu-dtype

@@ -45,6 +45,10 @@ MIXED = (
     ),
     SamplingParams(temperature=0.8, seed=12, mirostat=2, mirostat_tau=3.0),
     SamplingParams(temperature=1.0, seed=13, mirostat=1, mirostat_tau=4.0, mirostat_eta=0.2),
+    SamplingParams(temperature=1.0, seed=14, adaptive_target=0.3),
+    SamplingParams(
+        temperature=0.7, seed=15, top_k=0, top_p=0.9, adaptive_target=0.6, adaptive_decay=0.5
+    ),
 )
 
 

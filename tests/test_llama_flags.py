@@ -106,7 +106,8 @@ PINNED = {
     " --chat-template --chat-template-kwargs -a -to --embedding --rerank --pooling --warmup"
     " --max-queue-depth --max-body-size --metrics-port -P --cpu-dtype --grammar-backend"
     " --no-chat-template --sleep-idle-seconds --top-nsigma --typical --dynatemp-range"
-    " --dynatemp-exp --mirostat --mirostat-lr --mirostat-ent",
+    " --dynatemp-exp --mirostat --mirostat-lr --mirostat-ent --adaptive-target"
+    " --adaptive-decay",
 }
 
 
@@ -155,6 +156,8 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "mirostat": ("2", 2),
     "mirostat_tau": ("3", 3.0),
     "mirostat_eta": ("0.2", 0.2),
+    "adaptive_target": ("0.4", 0.4),
+    "adaptive_decay": ("0.5", 0.5),
     "repeat_last_n": ("32", 32),
     "repeat_penalty": ("1.1", 1.1),
     "presence_penalty": ("0.5", 0.5),
@@ -367,10 +370,10 @@ def test_api_key_file_keys_are_read(tmp_path: Path) -> None:
 
 def test_refused_rows_accept_their_harmless_forms() -> None:
     out = parse_serve_args(
-        ["--adaptive-target", "-1", "--no-context-shift", "--rope-scaling", "none"]
+        ["--reasoning-effort", "default", "--no-context-shift", "--rope-scaling", "none"]
     )
     assert out.cli == {} and len(out.warnings) == 3
-    for argv in (["--adaptive-target", "0.5"], ["--context-shift"], ["--rope-scaling", "yarn"]):
+    for argv in (["--reasoning-effort", "high"], ["--context-shift"], ["--rope-scaling", "yarn"]):
         with pytest.raises(SettingsError):
             parse_serve_args(argv)
 

@@ -256,8 +256,13 @@ def test_unbatched_sampling_reports_the_same(http: httpx.Client, tiny_llama_dir:
 # The batched-sampling suite's mixed rows but a coin-flipping XTC (a coin only the draw
 # knows), plus XTC on top-k candidates (their order no longer most probable first).
 ROWS = (
-    # Mirostat's distribution moves with its mu: tested in test_sampling_llama_samplers.py.
-    *(p for p in MIXED if p.xtc_probability in (0.0, 1.0) and not p.mirostat),
+    # Mirostat's and adaptive-p's distributions move with their state: tested in
+    # test_sampling_llama_samplers.py.
+    *(
+        p
+        for p in MIXED
+        if p.xtc_probability in (0.0, 1.0) and not p.mirostat and p.adaptive_target < 0
+    ),
     SamplingParams(temperature=1.1, seed=8, top_k=10, min_p=0.0, xtc_probability=1.0),
 )
 

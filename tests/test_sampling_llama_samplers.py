@@ -261,7 +261,7 @@ def test_mirostat_updates_mu_by_the_surprise_of_each_draw(version: int) -> None:
         logits = rng.normal(scale=3.0, size=128).astype(np.float32)
         row = mx.array(logits[None, :])
         token = int(sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)).item())
-        recorded = float(sampler.mirostat_used[-1][1].item())  # type: ignore[attr-defined]
+        recorded = float(sampler.draw_states[-1][1].item())  # type: ignore[attr-defined]
         assert recorded == pytest.approx(mu, abs=1e-4)
         order = np.argsort(-logits, kind="stable")
         scaled = (logits / temp)[order]
@@ -343,3 +343,128 @@ def test_mirostat_post_sampling_batched_and_recomputed_agree() -> None:
             assert got[0] == pytest.approx(again[0], abs=1e-5)
             assert [t for t, _ in got[1]] == [t for t, _ in again[1]]
             assert len(got[1]) >= 1 and got[0] <= 0.0
+
+
+# -- adaptive-p -----------------------------------------------------------------------------
+
+
+def _reference_adaptive(logits: np.ndarray, target: float, average: float) -> np.ndarray:
+    """llama.cpp's llama_sampler_adaptive_p_apply transform on one row's finite logits."""
+    probs = _softmax(logits)
+    adapted = min(max(2 * target - average, 0.0), 1.0)
+    out = np.full_like(logits, -np.inf)
+    for i in np.flatnonzero(np.isfinite(logits)):
+        d = abs(probs[i] - adapted) / 0.3
+        out[i] = 5.0 - 10.0 * d * d / (1.0 + d)
+    return out
+
+
+@pytest.mark.parametrize("row", range(len(ROWS)))
+@pytest.mark.parametrize("target", [0.0, 0.2, 0.5, 0.9])
+def test_adaptive_p_reshapes_as_llama_cpp(row: int, target: float) -> None:
+    """The first draw (average primed at the target), after top-k 20 and temperature 0.8."""
+    logits = ROWS[row]
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=1.0, min_p=0.0, adaptive_target=target)
+    keep = np.argsort(-logits)[:20]
+    chain = np.full_like(logits, -np.inf)
+    chain[keep] = logits[keep] / 0.8
+    expected = _softmax(_reference_adaptive(chain, target, target))
+    np.testing.assert_allclose(_distribution(params, logits), expected, atol=1e-5)
+
+
+def test_adaptive_p_running_average_follows_llama_cpp() -> None:
+    """The average is llama.cpp's weighted_sum / total_weight of the drawn tokens' original
+    probabilities, primed as if on target."""
+    from mlxcel.engine.sampling.samplers import make_sampler
+
+    target, decay = 0.4, 0.7
+    params = SamplingParams(
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        adaptive_target=target,
+        adaptive_decay=decay,
+        seed=9,
+    )
+    sampler = make_sampler(params)
+    weighted, total = target / (1 - decay), 1 / (1 - decay)
+    rng = np.random.default_rng(11)
+    for _ in range(25):
+        logits = rng.normal(scale=2.0, size=64).astype(np.float32)
+        row = mx.array(logits[None, :])
+        token = int(sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)).item())
+        recorded = float(sampler.draw_states[-1][1].item())  # type: ignore[attr-defined]
+        assert recorded == pytest.approx(weighted / total, abs=1e-5)
+        weighted = _softmax(logits.astype(np.float64))[token] + decay * weighted
+        total = 1 + decay * total
+
+
+def test_adaptive_p_pulls_the_drawn_probability_toward_its_target() -> None:
+    """One token holds 90 %: plain sampling draws it ~90 % of the time; with target 0.3 the
+    average original probability of the drawn tokens falls far below."""
+    from mlxcel.engine.sampling.samplers import make_sampler
+
+    probs = np.full(21, 0.1 / 20)
+    probs[0] = 0.9
+    logprobs = mx.array(np.log(probs)[None, :].astype(np.float32))
+    off = dict(top_k=0, top_p=1.0, min_p=0.0, seed=2)
+    runs = {}
+    for target in (-1.0, 0.3):
+        sampler = make_sampler(SamplingParams(temperature=1.0, adaptive_target=target, **off))
+        drawn = [int(sampler(logprobs).item()) for _ in range(300)]
+        runs[target] = float(np.mean(probs[drawn[50:]]))
+    assert runs[-1.0] > 0.75
+    assert 0.05 < runs[0.3] < 0.6
+
+
+def test_adaptive_p_post_sampling_batched_and_recomputed_agree() -> None:
+    from mlxcel.engine.sampling.batched import BatchSampler, RowSampling
+    from mlxcel.engine.sampling.samplers import make_sampler, post_sampling_of
+
+    params = SamplingParams(temperature=0.9, adaptive_target=0.35, adaptive_decay=0.6, seed=6)
+    row = RowSampling(params, 96, post_probs=4)
+    closure = make_sampler(params)
+    batch = BatchSampler()
+    rng = np.random.default_rng(12)
+    for _ in range(12):
+        x = mx.array(rng.normal(scale=2.5, size=(1, 96)).astype(np.float32))
+        lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+        token = int(batch.sample([row], lp).item())
+        assert int(closure(lp).item()) == token
+        got = row.take_post(token)
+        again = post_sampling_of(params, lp[0], token, 4, closure)
+        assert got is not None
+        assert got[0] == pytest.approx(again[0], abs=1e-5)
+        assert [t for t, _ in got[1]] == [t for t, _ in again[1]]
+
+
+def test_adaptive_p_flags_and_request_fields(tiny_llama_dir: Any) -> None:
+    import httpx
+
+    argv = ["--adaptive-target", "0.4", "--adaptive-decay", "0.5"]
+    settings = resolve_settings(cli=parse_serve_args(argv).cli, env={}).settings
+    assert (settings.adaptive_target, settings.adaptive_decay) == (0.4, 0.5)
+    server = ServeProcess(["-m", str(tiny_llama_dir), "--no-warmup", "--adaptive-target", "0.5"])
+    server.start()
+    try:
+        props = httpx.get(f"{server.url}/props", timeout=30).json()
+        assert props["default_generation_settings"]["params"]["adaptive_target"] == 0.5
+        body = {
+            "prompt": "Once upon a time",
+            "n_predict": 8,
+            "seed": 3,
+            "adaptive_target": 0.2,
+            "adaptive_decay": 0.8,
+        }
+        first = httpx.post(f"{server.url}/completion", json=body, timeout=60).json()
+        again = httpx.post(f"{server.url}/completion", json=body, timeout=60).json()
+        assert first["content"] == again["content"]
+        params = first["generation_settings"]
+        assert (params["adaptive_target"], params["adaptive_decay"]) == (0.2, 0.8)
+        bad = httpx.post(
+            f"{server.url}/completion", json={**body, "adaptive_target": 2.0}, timeout=30
+        )
+        assert bad.status_code == 400 and "adaptive_target" in bad.json()["error"]["message"]
+    finally:
+        server.stop()

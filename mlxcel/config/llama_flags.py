@@ -87,8 +87,6 @@ _ROPE = "RoPE/YaRN overrides are not supported; mlxcel uses the model's own sett
 _ADAPTERS = "adapters (LoRA, control vectors) are not supported"
 _DOWNLOAD = "mlxcel never downloads models; pass a local file, directory or cached repo with -m"
 _PRESET = "presets download models; mlxcel never downloads (use -m)"
-_SAMPLER = "this sampler is not implemented"
-_SAMPLER_TUNE = "tunes a sampler that is not implemented"
 _SPEC = "speculative-decoding presets are not supported"
 _SPEC_TUNE = "tunes speculative decoding, which is not supported yet"
 _MULTIMODAL = (
@@ -321,9 +319,9 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
     (_SAMPLING, "--dry-sequence-breaker STRING", "", "",
         sup("dry_sequence_breaker")),
     (_SAMPLING, "--adaptive-target N", "", "-1.00",
-        ref(_SAMPLER, noop=("-1",))),
+        sup("adaptive_target")),
     (_SAMPLING, "--adaptive-decay N", "", "0.90",
-        ign(_SAMPLER_TUNE)),
+        sup("adaptive_decay")),
     (_SAMPLING, "--dynatemp-range N", "", "0.00, 0.0 = disabled",
         sup("dynatemp_range")),
     (_SAMPLING, "--dynatemp-exp N", "", "1.00",

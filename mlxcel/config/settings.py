@@ -324,6 +324,21 @@ class Settings(BaseModel):
         group="sampling",
         ge=0.0,
     )
+    adaptive_target: float = _f(
+        -1.0,
+        "Adaptive-p: the probability the drawn tokens should average (negative = off)",
+        env="MLXCEL_ADAPTIVE_TARGET",
+        group="sampling",
+        le=1.0,
+    )
+    adaptive_decay: float = _f(
+        0.9,
+        "Adaptive-p: decay of its running average of drawn probabilities (at most 0.99 used)",
+        env="MLXCEL_ADAPTIVE_DECAY",
+        group="sampling",
+        ge=0.0,
+        le=1.0,
+    )
     seed: int = _f(-1, "RNG seed (-1 = random)", env="MLXCEL_SEED", group="sampling", ge=-1)
     n_predict: int = _f(
         -1,

@@ -5,7 +5,7 @@ sampler object; otherwise it calls each row's sampler on its own one-row slice (
 graph per request per step). `BatchSampler` is that one shared object: before each call
 the engine queues the rows the call will see (`expect`), and the sampler applies each row's
 temperature (fixed or dynamic), top-n-sigma, top-k, typical-p, top-p, min-p, XTC, p-less,
-Mirostat target and random key as per-row arrays.
+Mirostat target, adaptive-p average and random key as per-row arrays.
 
 Rows are grouped by how their candidates are found (greedy; the top k for one k; the whole
 vocabulary sorted; the whole vocabulary in its own order), and each group is one batched
@@ -45,6 +45,8 @@ from mlxcel.engine.sampling.samplers import (
     PostSampling,
     _initial_key,
     _Plan,
+    adaptive_p_transform,
+    adaptive_p_update,
     chosen_tokens,
     dynamic_temperature,
     greedy_post_sampling,
@@ -98,6 +100,7 @@ class RowSampling:
     """One request's sampling state inside a `BatchSampler` (its plan and random key)."""
 
     __slots__ = (
+        "average",
         "bias",
         "greedy",
         "group",
@@ -133,6 +136,9 @@ class RowSampling:
         self.last: tuple[mx.array, mx.array, int] | None = None  # (tokens, logprobs, row)
         plan = self.plan
         self.mu: mx.array | None = None  # Mirostat's target, [1]
+        self.average: mx.array | None = None  # adaptive-p's running average, [1]
+        if plan.adaptive_target is not None:
+            self.average = mx.array([plan.adaptive_target], dtype=mx.float32)
         if self.greedy:
             self.group: tuple[str, int] = ("greedy", 0)
         elif plan.mirostat:
@@ -186,6 +192,9 @@ class _Group:
     uses_dynatemp: mx.array | None = None
     mirostat_tau: mx.array | None = None
     mirostat_eta: mx.array | None = None
+    adaptive_target: mx.array | None = None  # with the two columns below
+    adaptive_decay: mx.array | None = None
+    uses_adaptive: mx.array | None = None
     post: list[RowSampling] | None = None  # members keeping post-sampling distributions
     post_index: mx.array | None = None  # their positions in the group; None: all of it
     post_n: int = 0
@@ -246,6 +255,10 @@ def _build_group(
         group.dynatemp_range = _column([p.dynatemp_range for p in plans])
         group.dynatemp_exponent = _column([p.dynatemp_exponent for p in plans])
         group.uses_dynatemp = _column([p.dynatemp_range > 0 for p in plans])
+    if any(p.adaptive_target is not None for p in plans):
+        group.adaptive_target = _column([p.adaptive_target or 0.0 for p in plans])
+        group.adaptive_decay = _column([p.adaptive_decay for p in plans])
+        group.uses_adaptive = _column([p.adaptive_target is not None for p in plans])
     return group
 
 
@@ -308,8 +321,23 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
         vals = vals * group.inv_temperature  # type: ignore[operator]
     if group.p_less is not None:
         vals = mx.where(group.p_less, mask_p_less(vals), vals)
-    ordered = idx is not None and group.xtc_probability is None and group.typical_p is None
-    return _drawn(group, vals, idx, split[:, 2], ordered=ordered)
+    probs = None
+    if group.adaptive_target is not None:
+        shaped, probs = adaptive_p_transform(vals, group.adaptive_target, _averages(group))
+        vals = mx.where(group.uses_adaptive, shaped, vals)  # type: ignore[arg-type]
+    ordered = (
+        idx is not None
+        and group.xtc_probability is None
+        and group.typical_p is None
+        and group.adaptive_target is None
+    )
+    return _drawn(group, vals, idx, split[:, 2], ordered=ordered, probs=probs)
+
+
+def _averages(group: _Group) -> mx.array:
+    """The members' adaptive-p averages ([G, 1]; 0 for members without adaptive-p)."""
+    zero = mx.zeros((1,), dtype=mx.float32)
+    return mx.stack([zero if m.average is None else m.average for m in group.members])
 
 
 def _mirostat_group(group: _Group, vals: mx.array) -> tuple[mx.array, mx.array | None]:
@@ -324,10 +352,17 @@ def _mirostat_group(group: _Group, vals: mx.array) -> tuple[mx.array, mx.array |
 
 
 def _drawn(
-    group: _Group, vals: mx.array, idx: mx.array | None, keys: mx.array, *, ordered: bool
+    group: _Group,
+    vals: mx.array,
+    idx: mx.array | None,
+    keys: mx.array,
+    *,
+    ordered: bool,
+    probs: mx.array | None = None,
 ) -> mx.array:
     """Draw each row's token from its final candidates `vals`; keep what follows a draw (a
-    Mirostat row's next mu, post-sampling distributions)."""
+    Mirostat row's next mu, an adaptive-p row's next average from `probs`, the candidates'
+    probabilities before its reshaping, and post-sampling distributions)."""
     choice = _choice(vals, keys)
     tokens = chosen_tokens(choice, idx)
     if group.kind == "mirostat":
@@ -336,6 +371,12 @@ def _drawn(
         mx.async_eval(new_mu)
         for i, member in enumerate(group.members):
             member.mu = new_mu[i]
+    if probs is not None:
+        average = adaptive_p_update(probs, choice, _averages(group), group.adaptive_decay)  # type: ignore[arg-type]
+        mx.async_eval(average)
+        for i, member in enumerate(group.members):
+            if member.average is not None:
+                member.average = average[i]
     if group.post is not None:
         # Only the rows that asked, in one graph: the draw's distribution, summarized.
         sub = [_post_rows(group, a) for a in (vals, choice, tokens)]

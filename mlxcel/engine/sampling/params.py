@@ -18,7 +18,8 @@ class SamplingParams:
     `top_k` <= 0 is off, `temperature` <= 0 is greedy, a negative `seed` is like None
     (llama-server's -1: a fresh random seed). `top_n_sigma` <= 0, `typical_p` 1 and
     `dynatemp_range` 0 are off, as in llama-server. `mirostat` 1 or 2 replaces the
-    truncation stages (top-n-sigma to XTC) with Mirostat, as llama-server does.
+    truncation stages (top-n-sigma to XTC) with Mirostat, as llama-server does. A negative
+    `adaptive_target` leaves adaptive-p off.
     """
 
     temperature: float = 0.8
@@ -45,6 +46,8 @@ class SamplingParams:
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
 
@@ -72,6 +75,8 @@ class SamplingParams:
             "dynatemp_exponent",
             "mirostat_tau",
             "mirostat_eta",
+            "adaptive_target",
+            "adaptive_decay",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -127,6 +132,14 @@ class SamplingParams:
         _check(self.mirostat in (0, 1, 2), f"mirostat must be 0, 1 or 2, not {self.mirostat}")
         _check(self.mirostat_tau >= 0, f"mirostat_tau must be >= 0, not {self.mirostat_tau}")
         _check(self.mirostat_eta >= 0, f"mirostat_eta must be >= 0, not {self.mirostat_eta}")
+        _check(
+            self.adaptive_target <= 1,
+            f"adaptive_target must be <= 1 (negative: off), not {self.adaptive_target}",
+        )
+        _check(
+            0 <= self.adaptive_decay <= 1,
+            f"adaptive_decay must be in [0, 1], not {self.adaptive_decay}",
+        )
         _check(
             self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
             f"seed must be an integer or None, not {self.seed!r}",
@@ -220,6 +233,8 @@ SAMPLING_KNOBS: tuple[SamplingKnob, ...] = (
     _knob("mirostat", "mirostat", int),
     _knob("mirostat_tau", "mirostat_tau", float),
     _knob("mirostat_eta", "mirostat_eta", float),
+    _knob("adaptive_target", "adaptive_target", float),
+    _knob("adaptive_decay", "adaptive_decay", float),
     _knob("p_less", "", bool),
 )
 """Every plain sampling knob, in `/props` order. `p_less` has no server setting (off). The

@@ -4,6 +4,8 @@ dynamic) and p-less, then a categorical draw.
 The order is llama.cpp's (top_n_sigma; top_k; typ_p; top_p; min_p; xtc; temperature), with
 mlxcel's p-less last. Mirostat (1 or 2) replaces that chain, as in llama.cpp: the temperature,
 then Mirostat's own truncation, whose target `mu` each draw updates (the sampler's state).
+Adaptive-p, when on, replaces the plain draw at the end of the chain: it reshapes what is left
+around a target probability that its running average of drawn probabilities adapts.
 
 A sampler is a closure `sampler(logprobs[B, V]) -> token ids[B]` that stays lazy (no host
 sync). When top-k is on, every later stage works on the k candidates only (a partition
@@ -28,6 +30,9 @@ Sampler = Callable[[mx.array], mx.array]
 _NEG_INF = float("-inf")
 _LN2 = math.log(2.0)
 MIROSTAT_M = 100  # llama.cpp's m: Mirostat 1 fits its Zipf exponent on the top 100 tokens
+# llama.cpp's adaptive-p shape: logits peak at 5 for tokens at the adapted target and fall
+# off with the distance to it, over a width of 0.3 in probability.
+ADAPTIVE_WIDTH, ADAPTIVE_PEAK, ADAPTIVE_SHARPNESS = 0.3, 5.0, 10.0
 _MIN_TEMPERATURE = 1e-6  # a dynamic temperature of 0 (llama.cpp divides by it) draws greedily
 
 
@@ -49,6 +54,8 @@ class _Plan:
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    adaptive_target: float | None = None
+    adaptive_decay: float = 0.9
 
     @classmethod
     def from_params(cls, params: SamplingParams) -> _Plan:
@@ -67,6 +74,12 @@ class _Plan:
             mirostat=int(params.mirostat),
             mirostat_tau=float(params.mirostat_tau),
             mirostat_eta=float(params.mirostat_eta),
+            adaptive_target=(
+                None
+                if params.adaptive_target < 0 or params.mirostat
+                else min(float(params.adaptive_target), 1.0)
+            ),
+            adaptive_decay=min(max(float(params.adaptive_decay), 0.0), 0.99),
         )
 
     @property
@@ -190,6 +203,32 @@ def mirostat_update(
     return mu - eta * (-chosen / _LN2 - tau)
 
 
+def adaptive_p_transform(
+    vals: mx.array, target: float | mx.array, average: mx.array
+) -> tuple[mx.array, mx.array]:
+    """llama.cpp's adaptive-p reshaping: (new values, the probabilities before it).
+
+    The adapted target is 2 * target - `average` (the running average of drawn tokens'
+    probabilities, [B, 1]), clamped to [0, 1]; each finite candidate's new logit falls from
+    `ADAPTIVE_PEAK` with its distance d to it (in units of `ADAPTIVE_WIDTH`): quadratic near
+    the target, linear far from it (peak - sharpness * d^2 / (1 + d)).
+    """
+    probs = mx.exp(vals - mx.logsumexp(vals, axis=-1, keepdims=True))
+    adapted = mx.clip(2.0 * target - average, 0.0, 1.0)
+    distance = mx.abs(probs - adapted) * (1.0 / ADAPTIVE_WIDTH)
+    shaped = ADAPTIVE_PEAK - ADAPTIVE_SHARPNESS * distance * distance / (1.0 + distance)
+    return mx.where(vals > _NEG_INF, shaped, _NEG_INF), probs
+
+
+def adaptive_p_update(
+    probs: mx.array, choice: mx.array, average: mx.array, decay: float | mx.array
+) -> mx.array:
+    """The next running average ([B, 1]): the drawn candidate's probability before the
+    reshaping, weighted 1 - decay (llama.cpp's weighted sum over its total weight)."""
+    chosen = mx.take_along_axis(probs, choice[:, None], axis=-1)
+    return (1.0 - decay) * chosen + decay * average
+
+
 def mask_top_p(sorted_vals: mx.array, top_p: float) -> mx.array:
     """Keep the shortest most-probable prefix whose probability mass reaches `top_p`.
 
@@ -263,8 +302,12 @@ def _truncate(
             apply = draw < plan.xtc_probability
         vals = mask_xtc(vals, plan.xtc_threshold, apply)
     if plan.dynatemp_range > 0:
+        # float32 scalars: the arithmetic then matches the batched sampler's columns
         temperature = dynamic_temperature(
-            vals, plan.temperature, plan.dynatemp_range, plan.dynatemp_exponent
+            vals,
+            mx.array(plan.temperature, dtype=mx.float32),
+            mx.array(plan.dynatemp_range, dtype=mx.float32),
+            mx.array(plan.dynatemp_exponent, dtype=mx.float32),
         )
         vals = vals * (1.0 / temperature)
     else:
@@ -307,6 +350,8 @@ def make_sampler(params: SamplingParams) -> Sampler:
     plan = _Plan.from_params(params)
     if plan.mirostat:
         return _mirostat_sampler(plan, params.seed)
+    if plan.adaptive_target is not None:
+        return _adaptive_sampler(plan, params.seed)
     key = [_initial_key(params.seed)]
 
     def sampler(logprobs: mx.array) -> mx.array:
@@ -332,8 +377,34 @@ def _mirostat_candidates(
     return mirostat_mask(vals, mu, 1, vocab), idx
 
 
+def _adaptive_sampler(plan: _Plan, seed: int | None) -> Sampler:
+    """One request's chain ending in adaptive-p; its `draw_states` holds (token, running
+    average) of the last draws, for `post_sampling_of`."""
+    key = [_initial_key(seed)]
+    # float32 arrays, not Python floats: the arithmetic then matches the batched sampler's
+    target = mx.array([[plan.adaptive_target or 0.0]], dtype=mx.float32)
+    decay = mx.array([[plan.adaptive_decay]], dtype=mx.float32)
+    average = [target]  # primed as if on target, as llama.cpp starts it
+    used: deque[tuple[mx.array, mx.array]] = deque(maxlen=4)
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        keys = mx.random.split(key[0], 3)
+        key[0] = keys[0]
+        vals, idx = _truncate(plan, logprobs, keys[1])
+        vals, probs = adaptive_p_transform(vals, target, average[0])
+        choice = gumbel_choice(vals, keys[2])
+        tokens = chosen_tokens(choice, idx)
+        used.append((tokens, average[0]))
+        average[0] = adaptive_p_update(probs, choice, average[0], decay)
+        mx.async_eval(average[0])
+        return tokens
+
+    sampler.draw_states = used  # type: ignore[attr-defined]
+    return sampler
+
+
 def _mirostat_sampler(plan: _Plan, seed: int | None) -> Sampler:
-    """One request's Mirostat sampler; its `mirostat_used` holds (token, mu) of the last
+    """One request's Mirostat sampler; its `draw_states` holds (token, mu) of the last
     draws, for `post_sampling_of`."""
     key = [_initial_key(seed)]
     mu = [mx.array([[plan.initial_mu]], dtype=mx.float32)]
@@ -350,19 +421,20 @@ def _mirostat_sampler(plan: _Plan, seed: int | None) -> Sampler:
         mx.async_eval(mu[0])  # else each step's mu keeps the previous step's graph alive
         return tokens
 
-    sampler.mirostat_used = used  # type: ignore[attr-defined]
+    sampler.draw_states = used  # type: ignore[attr-defined]
     return sampler
 
 
-def _mirostat_mu_of(sampler: Sampler | None, token: int, plan: _Plan) -> mx.array:
-    """The mu `sampler` drew `token` with (its oldest recorded draw of that token; earlier
-    ones are dropped), or the initial mu when it kept no such draw."""
-    used = getattr(sampler, "mirostat_used", None)
+def _draw_state(sampler: Sampler | None, token: int, initial: float) -> mx.array:
+    """The state (Mirostat's mu, adaptive-p's running average) `sampler` drew `token` with:
+    its oldest recorded draw of that token (earlier ones are dropped), or `initial` when it
+    kept no such draw."""
+    used = getattr(sampler, "draw_states", None)
     while used:
-        tokens, mu = used.popleft()
+        tokens, state = used.popleft()
         if int(tokens[0].item()) == token:
-            return mu
-    return mx.array([[plan.initial_mu]], dtype=mx.float32)
+            return state
+    return mx.array([[initial]], dtype=mx.float32)
 
 
 def make_distribution(params: SamplingParams) -> Callable[..., mx.array]:
@@ -370,7 +442,7 @@ def make_distribution(params: SamplingParams) -> Callable[..., mx.array]:
 
     Removed tokens are -inf; the rest are renormalized after the temperature. Greedy puts
     all the mass on the argmax. `key` only matters for XTC with 0 < probability < 1.
-    Mirostat's is the first draw's (mu at its initial value).
+    Mirostat's and adaptive-p's are the first draw's (their state at its initial value).
     """
     plan = _Plan.from_params(params)
 
@@ -386,6 +458,9 @@ def make_distribution(params: SamplingParams) -> Callable[..., mx.array]:
             vals, idx = _mirostat_candidates(plan, logprobs, mu)
         else:
             vals, idx = _truncate(plan, logprobs, key)
+            if plan.adaptive_target is not None:
+                start = mx.full((rows, 1), plan.adaptive_target, dtype=mx.float32)
+                vals, _ = adaptive_p_transform(vals, plan.adaptive_target, start)
         if idx is not None:
             full = mx.full((rows, vocab), _NEG_INF, dtype=vals.dtype)
             vals = mx.put_along_axis(full, idx, vals, axis=-1)
@@ -450,7 +525,8 @@ def post_sampling_of(
 ) -> PostSampling:
     """`PostSampling` of `token`, drawn from one row of log-probabilities `logprobs` with
     `params`, computed again from that row (for tokens no `BatchSampler` drew). Mirostat
-    takes the mu of the draw from `sampler` (the request's own `make_sampler` closure).
+    and adaptive-p take the state of the draw from `sampler` (the request's own
+    `make_sampler` closure).
 
     XTC with 0 < probability < 1 flips a coin per draw that is not known here: this takes a
     fresh coin, and the distribution without XTC when that one excludes `token` (which the
@@ -461,14 +537,20 @@ def post_sampling_of(
         return greedy_post_sampling(token, n)
     row = logprobs.reshape(1, -1)
     if plan.mirostat:
-        kept, ids = _mirostat_candidates(plan, row, _mirostat_mu_of(sampler, token, plan))
+        mu = _draw_state(sampler, token, plan.initial_mu)
+        kept, ids = _mirostat_candidates(plan, row, mu)
         position = mx.array([token]) if ids is None else mx.argmax(ids == token, axis=-1)
         drawn, best, best_ids = truncated_top(kept, ids, position, n, ordered=ids is not None)
         value = float(drawn.item())  # type: ignore[arg-type]
         return host_post_sampling(value, best_ids[0].tolist(), best[0].tolist(), n)  # type: ignore[arg-type]
     choice = mx.array([token])
+    average = None
+    if plan.adaptive_target is not None:
+        average = _draw_state(sampler, token, plan.adaptive_target)
     for attempt in (plan, replace(plan, xtc_probability=0.0)):
         vals, idx = _truncate(attempt, row, None)
+        if attempt.adaptive_target is not None and average is not None:
+            vals, _ = adaptive_p_transform(vals, attempt.adaptive_target, average)
         if idx is not None:
             full = mx.full(row.shape, _NEG_INF, dtype=vals.dtype)
             vals = mx.put_along_axis(full, idx, vals, axis=-1)
