@@ -320,29 +320,34 @@ def test_mirostat_flags_and_request_fields(tiny_llama_dir: Any) -> None:
         server.stop()
 
 
-def test_mirostat_post_sampling_batched_and_recomputed_agree() -> None:
-    """A batched row's recorded distribution equals the one `post_sampling_of` rebuilds
-    from the request's own closure (which keeps the mu of each draw)."""
+def _assert_batched_post_matches_its_closure(params: SamplingParams, seed: int) -> None:
+    """A stateful sampler's batched row records, draw after draw, the distribution that
+    `post_sampling_of` rebuilds from the request's own closure (which keeps each draw's
+    state); both draw the same tokens."""
     from mlxcel.engine.sampling.batched import BatchSampler, RowSampling
     from mlxcel.engine.sampling.samplers import make_sampler, post_sampling_of
 
-    for version in (1, 2):
-        params = SamplingParams(temperature=0.9, mirostat=version, mirostat_tau=3.0, seed=5)
-        row = RowSampling(params, 96, post_probs=4)
-        closure = make_sampler(params)
-        batch = BatchSampler()
-        rng = np.random.default_rng(version)
-        for _ in range(12):
-            x = mx.array(rng.normal(scale=2.5, size=(1, 96)).astype(np.float32))
-            lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
-            token = int(batch.sample([row], lp).item())
-            assert int(closure(lp).item()) == token
-            got = row.take_post(token)
-            again = post_sampling_of(params, lp[0], token, 4, closure)
-            assert got is not None
-            assert got[0] == pytest.approx(again[0], abs=1e-5)
-            assert [t for t, _ in got[1]] == [t for t, _ in again[1]]
-            assert len(got[1]) >= 1 and got[0] <= 0.0
+    row = RowSampling(params, 96, post_probs=4)
+    closure = make_sampler(params)
+    batch = BatchSampler()
+    rng = np.random.default_rng(seed)
+    for _ in range(12):
+        x = mx.array(rng.normal(scale=2.5, size=(1, 96)).astype(np.float32))
+        lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+        token = int(batch.sample([row], lp).item())
+        assert int(closure(lp).item()) == token
+        got = row.take_post(token)
+        again = post_sampling_of(params, lp[0], token, 4, closure)
+        assert got is not None
+        assert got[0] == pytest.approx(again[0], abs=1e-5)
+        assert [t for t, _ in got[1]] == [t for t, _ in again[1]]
+        assert len(got[1]) >= 1 and got[0] <= 0.0
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_post_sampling_batched_and_recomputed_agree(version: int) -> None:
+    params = SamplingParams(temperature=0.9, mirostat=version, mirostat_tau=3.0, seed=5)
+    _assert_batched_post_matches_its_closure(params, version)
 
 
 # -- adaptive-p -----------------------------------------------------------------------------
@@ -419,24 +424,8 @@ def test_adaptive_p_pulls_the_drawn_probability_toward_its_target() -> None:
 
 
 def test_adaptive_p_post_sampling_batched_and_recomputed_agree() -> None:
-    from mlxcel.engine.sampling.batched import BatchSampler, RowSampling
-    from mlxcel.engine.sampling.samplers import make_sampler, post_sampling_of
-
     params = SamplingParams(temperature=0.9, adaptive_target=0.35, adaptive_decay=0.6, seed=6)
-    row = RowSampling(params, 96, post_probs=4)
-    closure = make_sampler(params)
-    batch = BatchSampler()
-    rng = np.random.default_rng(12)
-    for _ in range(12):
-        x = mx.array(rng.normal(scale=2.5, size=(1, 96)).astype(np.float32))
-        lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
-        token = int(batch.sample([row], lp).item())
-        assert int(closure(lp).item()) == token
-        got = row.take_post(token)
-        again = post_sampling_of(params, lp[0], token, 4, closure)
-        assert got is not None
-        assert got[0] == pytest.approx(again[0], abs=1e-5)
-        assert [t for t, _ in got[1]] == [t for t, _ in again[1]]
+    _assert_batched_post_matches_its_closure(params, 12)
 
 
 def test_adaptive_p_flags_and_request_fields(tiny_llama_dir: Any) -> None:
