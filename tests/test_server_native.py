@@ -119,7 +119,17 @@ def test_completion_shape(http: httpx.Client, tiny_llama_dir: Path) -> None:
     assert settings["n_predict"] == 4 and settings["temperature"] == 0
     assert settings["seed"] == 18446744073709551615  # unset
     assert settings["stream"] is False and settings["ignore_eos"] is True
-    assert isinstance(settings["samplers"], list)
+    assert settings["samplers"] == [  # llama-server's default chain, as mlxcel runs it
+        "penalties",
+        "dry",
+        "top_n_sigma",
+        "top_k",
+        "typ_p",
+        "top_p",
+        "min_p",
+        "xtc",
+        "temperature",
+    ]
     assert PROMPT in body["prompt"]
 
 

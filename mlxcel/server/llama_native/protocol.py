@@ -21,8 +21,19 @@ UNSET_SEED = 18446744073709551615
 MAX_PROMPTS = 64
 """Most prompts one native request may carry (each becomes its own sequence)."""
 
-SAMPLERS = ("penalties", "dry", "top_k", "top_p", "min_p", "xtc", "temperature")
-"""The sampler chain as `generation_settings.samplers` reports it."""
+SAMPLERS = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
+"""The sampler chain as `generation_settings.samplers` reports it: llama-server's default
+order, which mlxcel's chain follows."""
 
 PromptPart = str | int
 """One element of a native prompt: text, or a token id."""
