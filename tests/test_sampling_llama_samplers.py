@@ -237,9 +237,7 @@ def test_mirostat_truncation_matches_llama_cpp(version: int, mu: float, row: int
     from mlxcel.engine.sampling.samplers import mirostat_mask
 
     logits = np.sort(np.concatenate([ROWS[row], ROWS[row] * 0.5 - 3]))[::-1].copy()
-    vals = mirostat_mask(
-        mx.array(logits[None, :].astype(np.float32)), mx.array([[mu]]), version, 128
-    )
+    vals = mirostat_mask(mx.array(logits[None, :].astype(np.float32)), mx.array([[mu]]), version)
     kept = int(np.isfinite(np.array(vals)).sum())
     assert kept == _reference_mirostat_keep(logits.astype(np.float32), mu, version)
 

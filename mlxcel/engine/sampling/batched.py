@@ -58,7 +58,7 @@ from mlxcel.engine.sampling.samplers import (
     mask_top_p,
     mask_typical,
     mask_xtc,
-    mirostat_mask,
+    mirostat_candidates,
     mirostat_update,
     sorted_candidates,
     top_k_candidates,
@@ -287,9 +287,11 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
     for i, member in enumerate(group.members):
         member.key = split[i, 0]
     vals = rows.astype(mx.float32)
-    if group.kind == "mirostat":
-        ordered = group.k == 1  # Mirostat 1 sorts; 2 is a threshold in vocabulary order
-        return _drawn(group, *_mirostat_group(group, vals), split[:, 2], ordered=ordered)
+    if group.kind == "mirostat":  # the temperature, then each row's truncation at its mu
+        mu = mx.stack([m.mu for m in group.members])  # type: ignore[misc]
+        kept, ids = mirostat_candidates(vals * group.inv_temperature, mu, group.k)  # type: ignore[operator]
+        # Mirostat 1 sorts; 2 is a threshold in vocabulary order.
+        return _drawn(group, kept, ids, split[:, 2], ordered=group.k == 1, state=mu)
     if group.top_n_sigma is not None:
         masked = mask_top_n_sigma(vals, group.top_n_sigma)
         vals = mx.where(group.uses_top_n_sigma, masked, vals)  # type: ignore[arg-type]
@@ -321,9 +323,10 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
         vals = vals * group.inv_temperature  # type: ignore[operator]
     if group.p_less is not None:
         vals = mx.where(group.p_less, mask_p_less(vals), vals)
-    probs = None
+    probs = averages = None
     if group.adaptive_target is not None:
-        shaped, probs = adaptive_p_transform(vals, group.adaptive_target, _averages(group))
+        averages = _averages(group)
+        shaped, probs = adaptive_p_transform(vals, group.adaptive_target, averages)
         vals = mx.where(group.uses_adaptive, shaped, vals)  # type: ignore[arg-type]
     ordered = (
         idx is not None
@@ -331,24 +334,13 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
         and group.typical_p is None
         and group.adaptive_target is None
     )
-    return _drawn(group, vals, idx, split[:, 2], ordered=ordered, probs=probs)
+    return _drawn(group, vals, idx, split[:, 2], ordered=ordered, probs=probs, state=averages)
 
 
 def _averages(group: _Group) -> mx.array:
     """The members' adaptive-p averages ([G, 1]; 0 for members without adaptive-p)."""
     zero = mx.zeros((1,), dtype=mx.float32)
     return mx.stack([zero if m.average is None else m.average for m in group.members])
-
-
-def _mirostat_group(group: _Group, vals: mx.array) -> tuple[mx.array, mx.array | None]:
-    """Mirostat rows: the temperature, then each row's truncation at its own mu."""
-    vals = vals * group.inv_temperature  # type: ignore[operator]
-    vocab = vals.shape[-1]
-    mu = mx.stack([m.mu for m in group.members])  # type: ignore[misc]
-    if group.k == 2:
-        return mirostat_mask(vals, mu, 2, vocab), None
-    vals, idx = sorted_candidates(vals)
-    return mirostat_mask(vals, mu, 1, vocab), idx
 
 
 def _drawn(
@@ -359,20 +351,21 @@ def _drawn(
     *,
     ordered: bool,
     probs: mx.array | None = None,
+    state: mx.array | None = None,
 ) -> mx.array:
-    """Draw each row's token from its final candidates `vals`; keep what follows a draw (a
-    Mirostat row's next mu, an adaptive-p row's next average from `probs`, the candidates'
-    probabilities before its reshaping, and post-sampling distributions)."""
+    """Draw each row's token from its final candidates `vals`; keep what follows a draw: the
+    rows' next state from this step's `state` ([G, 1]: Mirostat's mu, or adaptive-p's
+    averages with `probs`, the candidates' probabilities before its reshaping) and the
+    post-sampling distributions."""
     choice = _choice(vals, keys)
     tokens = chosen_tokens(choice, idx)
-    if group.kind == "mirostat":
-        mu = mx.stack([m.mu for m in group.members])  # type: ignore[misc]
-        new_mu = mirostat_update(vals, choice, mu, group.mirostat_tau, group.mirostat_eta)  # type: ignore[arg-type]
+    if group.kind == "mirostat" and state is not None:
+        new_mu = mirostat_update(vals, choice, state, group.mirostat_tau, group.mirostat_eta)  # type: ignore[arg-type]
         mx.async_eval(new_mu)
         for i, member in enumerate(group.members):
             member.mu = new_mu[i]
-    if probs is not None:
-        average = adaptive_p_update(probs, choice, _averages(group), group.adaptive_decay)  # type: ignore[arg-type]
+    elif probs is not None and state is not None:
+        average = adaptive_p_update(probs, choice, state, group.adaptive_decay)  # type: ignore[arg-type]
         mx.async_eval(average)
         for i, member in enumerate(group.members):
             if member.average is not None:

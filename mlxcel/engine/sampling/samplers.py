@@ -161,14 +161,14 @@ def dynamic_temperature(
     return mx.maximum(low + (high - low) * mx.power(normalized, exponent), _MIN_TEMPERATURE)
 
 
-def mirostat_mask(vals: mx.array, mu: mx.array, version: int, vocab: int) -> mx.array:
+def mirostat_mask(vals: mx.array, mu: mx.array, version: int) -> mx.array:
     """Mirostat's truncation of one step (llama.cpp's mirostat / mirostat_v2 samplers).
 
     `vals` are the temperature-scaled values, `mu` ([B, 1]) each row's current target.
     Version 2 keeps the tokens whose surprise -log2 p is at most mu (a threshold: `vals` may
     be in any order). Version 1 needs `vals` most probable first: it keeps the top k, k
-    estimated from the Zipf exponent of the `MIROSTAT_M` most probable tokens and mu over a
-    vocabulary of `vocab`. The most probable token always stays.
+    estimated from the Zipf exponent of the `MIROSTAT_M` most probable tokens and mu over the
+    row's whole width (the vocabulary). The most probable token always stays.
     """
     width = vals.shape[-1]
     logp = vals - mx.logsumexp(vals, axis=-1, keepdims=True)
@@ -186,11 +186,24 @@ def mirostat_mask(vals: mx.array, mu: mx.array, version: int, vocab: int) -> mx.
     s_hat = sum_tb / sum_tt
     epsilon = s_hat - 1.0
     k = mx.power(
-        epsilon * mx.power(2.0, mu) / (1.0 - mx.power(float(vocab), -epsilon)), 1.0 / s_hat
+        epsilon * mx.power(2.0, mu) / (1.0 - mx.power(float(width), -epsilon)), 1.0 / s_hat
     )
     k = mx.where(mx.isfinite(k), k, float(width))
     keep = mx.arange(width) < mx.maximum(mx.floor(k), 1.0)
     return mx.where(keep, vals, _NEG_INF)
+
+
+def mirostat_candidates(
+    vals: mx.array, mu: mx.array, version: int
+) -> tuple[mx.array, mx.array | None]:
+    """Mirostat's candidates of one step from the temperature-scaled vocabulary `vals`:
+    (values after the truncation, removed ones -inf; their token ids). Mirostat 1's are
+    sorted, most probable first; Mirostat 2's stay in vocabulary order (ids None: a
+    threshold needs no sort)."""
+    if version == 2:
+        return mirostat_mask(vals, mu, 2), None
+    vals, idx = sorted_candidates(vals)
+    return mirostat_mask(vals, mu, 1), idx
 
 
 def mirostat_update(
@@ -366,15 +379,9 @@ def make_sampler(params: SamplingParams) -> Sampler:
 def _mirostat_candidates(
     plan: _Plan, logprobs: mx.array, mu: mx.array
 ) -> tuple[mx.array, mx.array | None]:
-    """Mirostat's candidates of one step: (values after the temperature and the truncation,
-    removed ones -inf; their token ids). Mirostat 1's are sorted, most probable first;
-    Mirostat 2's are the vocabulary in its own order (ids None)."""
+    """`mirostat_candidates` of one request's log-probabilities after its temperature."""
     vals = logprobs.astype(mx.float32) * (1.0 / plan.temperature)
-    vocab = logprobs.shape[-1]
-    if plan.mirostat == 2:  # a threshold: no sort
-        return mirostat_mask(vals, mu, 2, vocab), None
-    vals, idx = sorted_candidates(vals)
-    return mirostat_mask(vals, mu, 1, vocab), idx
+    return mirostat_candidates(vals, mu, plan.mirostat)
 
 
 def _adaptive_sampler(plan: _Plan, seed: int | None) -> Sampler:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import queue
 import threading
 import time
 import weakref
@@ -179,7 +178,7 @@ class AudioWorker:
         self._queue.wake()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._drain(WorkerStoppedError(f"{self.name} stopped"))
+        self._queue.drain(WorkerStoppedError(f"{self.name} stopped"))
         _LIVE.discard(self)
 
     # --- what the routes ask ---------------------------------------------------------
@@ -353,12 +352,3 @@ class AudioWorker:
             job.future.set_result(result)
         finally:
             self.stats.busy_seconds += time.perf_counter() - started
-
-    def _drain(self, error: Exception) -> None:
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None and job.future.set_running_or_notify_cancel():
-                job.future.set_exception(error)

@@ -122,7 +122,7 @@ class BatchWorker:
         self._queue.wake()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._drain(WorkerStoppedError(f"{self.name} stopped"))
+        self._queue.drain(WorkerStoppedError(f"{self.name} stopped"))
         _LIVE.discard(self)
 
     def submit(self, job: Job) -> Future[Any]:
@@ -234,12 +234,3 @@ class BatchWorker:
             except Exception as exc:
                 self.stats.failures += 1
                 job.future.set_exception(exc)
-
-    def _drain(self, error: Exception) -> None:
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None and job.future.set_running_or_notify_cancel():
-                job.future.set_exception(error)

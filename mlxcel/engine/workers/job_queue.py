@@ -67,6 +67,16 @@ class JobQueue(Generic[J]):
         """The next job at once (None: woken by `wake`); queue.Empty when there is none."""
         return self._taken(self._queue.get_nowait())
 
+    def drain(self, error: Exception) -> None:
+        """Fail every job still queued and still wanted with `error` (a stopping worker)."""
+        while True:
+            try:
+                job = self.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and job.future.set_running_or_notify_cancel():
+                job.future.set_exception(error)
+
     def _taken(self, entry: _Entry[J] | None) -> J | None:
         if entry is None:
             return None
