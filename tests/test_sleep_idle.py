@@ -184,6 +184,8 @@ def test_disabled_by_default(tiny_llama_dir: Path) -> None:
         ("GET", "/", False),
         ("GET", "/props", False),
         ("GET", "/v1/models", False),
+        ("GET", "/v1/models/local", False),
+        ("GET", "/models/org/name", False),
         ("POST", "/v1/embeddings", False),
         ("POST", "/v1/audio/transcriptions", False),
         ("POST", "/props", True),

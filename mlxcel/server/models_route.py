@@ -1,14 +1,24 @@
-"""GET /v1/models (and /models): the one model this server serves."""
+"""GET /v1/models and /v1/models/{id} (also without /v1): the one model this server serves.
+
+OpenAI's shape by default; a request with an `anthropic-version` header (as the official
+`anthropic` SDK sends) gets Anthropic's: `type: "model"`, `display_name`, `created_at`
+(RFC 3339), and a list with `has_more`, `first_id` and `last_id`.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse
 
+from mlxcel.server.errors import APIError, anthropic_error_body
 from mlxcel.server.state import ServerState, get_state
 
 router = APIRouter()
+
+ANTHROPIC_VERSION_HEADER = "anthropic-version"
 
 
 def models_payload(state: ServerState) -> dict[str, Any]:
@@ -17,24 +27,71 @@ def models_payload(state: ServerState) -> dict[str, Any]:
     As llama-server: `--alias a,b` gives every alias in `aliases` and the first of them
     (sorted) as `id`, the name every other route reports too; `tags` lists `--tags`.
     """
-    aliases = state.settings.alias_names() or [state.model_name]
+    return {"object": "list", "data": [model_object(state)]}
+
+
+def model_object(state: ServerState) -> dict[str, Any]:
+    """The OpenAI model object of the served model (one entry of the list)."""
     return {
-        "object": "list",
-        "data": [
-            {
-                "id": state.model_name,
-                "aliases": aliases,
-                "tags": state.settings.tag_names(),
-                "object": "model",
-                "created": int(state.started),
-                "owned_by": "user",
-            }
-        ],
+        "id": state.model_name,
+        "aliases": state.settings.alias_names() or [state.model_name],
+        "tags": state.settings.tag_names(),
+        "object": "model",
+        "created": int(state.started),
+        "owned_by": "user",
     }
+
+
+def anthropic_model_object(state: ServerState) -> dict[str, Any]:
+    """The served model as Anthropic's model object."""
+    display = state.model_info.name if state.model_info is not None else state.model_name
+    started = datetime.fromtimestamp(int(state.started), tz=timezone.utc)
+    return {
+        "type": "model",
+        "id": state.model_name,
+        "display_name": display,
+        "created_at": started.isoformat().replace("+00:00", "Z"),
+    }
+
+
+def anthropic_models_payload(state: ServerState) -> dict[str, Any]:
+    """Anthropic's model list (one page holding the one model)."""
+    entry = anthropic_model_object(state)
+    return {"data": [entry], "has_more": False, "first_id": entry["id"], "last_id": entry["id"]}
+
+
+def served_names(state: ServerState) -> set[str]:
+    """Every id the served model answers to: the reported name, each alias, the model's name."""
+    names = {state.model_name, *state.settings.alias_names()}
+    if state.model_info is not None:
+        names.add(state.model_info.name)
+    return names
+
+
+def wants_anthropic(raw: Request) -> bool:
+    """Whether the client speaks Anthropic's API (it sent `anthropic-version`)."""
+    return ANTHROPIC_VERSION_HEADER in raw.headers
 
 
 @router.get("/v1/models")
 @router.get("/models")
-async def list_models(state: ServerState = Depends(get_state)) -> dict[str, Any]:
+async def list_models(raw: Request, state: ServerState = Depends(get_state)) -> dict[str, Any]:
     """List the served model."""
+    if wants_anthropic(raw):
+        return anthropic_models_payload(state)
     return models_payload(state)
+
+
+@router.get("/v1/models/{model_id:path}", response_model=None)
+@router.get("/models/{model_id:path}", response_model=None)
+async def retrieve_model(
+    model_id: str, raw: Request, state: ServerState = Depends(get_state)
+) -> dict[str, Any] | JSONResponse:
+    """The served model's object when `model_id` names it (its id or an alias); else 404."""
+    anthropic = wants_anthropic(raw)
+    if model_id not in served_names(state):
+        message = f"The model '{model_id}' does not exist"
+        if anthropic:
+            return JSONResponse(anthropic_error_body(message, 404), status_code=404)
+        raise APIError(404, message, code="model_not_found", extra={"param": "model"})
+    return anthropic_model_object(state) if anthropic else model_object(state)

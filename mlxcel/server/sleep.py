@@ -3,9 +3,10 @@
 The engine unloads its model after an idle spell (`mlxcel.engine.text.sleep`). As in
 llama-server, a few routes answer from what the server keeps while the model sleeps and
 leave it asleep: `GET /health` (and `/`), `GET /props` (which says `is_sleeping: true`)
-and the model list. Every other route of the text model (generation, `/tokenize`,
-`/detokenize`, `/apply-template`, `/slots`, `/metrics`, ...) first waits for the engine to
-load the model again: concurrent requests all wait for the one reload, then run normally.
+and the model list and objects (`/v1/models`, `/v1/models/{id}`). Every other route of the
+text model (generation, `/tokenize`, `/detokenize`, `/apply-template`, `/slots`, `/metrics`,
+...) first waits for the engine to load the model again: concurrent requests all wait for
+the one reload, then run normally.
 The side workers' routes (embeddings and rerank models, audio, images) never wake it, nor
 does a request that no route takes (404, 405).
 A reload that fails answers 503 and leaves the model asleep for the next request to retry.
@@ -27,6 +28,9 @@ _WHILE_ASLEEP = {
     "HEAD": ("/health", "/"),
 }
 """Routes (under the API prefix) that answer without waking the model."""
+
+_MODEL_OBJECTS = ("/models/", "/v1/models/")
+"""`GET /v1/models/{id}`: answered from what the server keeps, like the model list."""
 
 _SIDE_WORKERS = (
     "/v1/embeddings",
@@ -51,6 +55,8 @@ def wakes_model(method: str, path: str, prefix: str = "") -> bool:
             return False  # no route there: a 404
         path = path[len(prefix) :] or "/"
     if path in _WHILE_ASLEEP.get(method, ()):
+        return False
+    if method == "GET" and path.startswith(_MODEL_OBJECTS):
         return False
     return not any(
         path == route or (route.endswith("/") and path.startswith(route)) for route in _SIDE_WORKERS
