@@ -23,6 +23,7 @@ from mlxcel.engine.chat.tool_calls.base import (
     ToolCallStart,
     new_call_id,
 )
+from mlxcel.engine.chat.tool_calls.jsonscan import complete_members
 from mlxcel.engine.text.request import GenerationEvent
 from mlxcel.server.anthropic_messages.convert import anthropic_tool_id
 from mlxcel.server.anthropic_messages.protocol import (
@@ -65,11 +66,15 @@ def stop_reason(
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
-    """A call's JSON arguments as the `input` object (empty when they are not an object)."""
+    """A call's JSON arguments as the `input` object (empty when they are not an object).
+
+    Arguments cut off by max_tokens give the members generated whole so far (the block is
+    kept, with stop_reason "max_tokens", as Anthropic answers a cut-off tool_use).
+    """
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        value = None
+        value = complete_members(arguments)
     if not isinstance(value, dict):
         log.warning("tool call arguments are not a JSON object: %.200r", arguments)
         return {}

@@ -4,7 +4,10 @@
 as its name is complete and the arguments value streams as raw text while it is scanned, so
 the fragments are exactly the model's JSON text. `JsonCalls` reads an object, a list of them,
 or (inside a delimited block) several of them. Object-valued arguments are kept verbatim; a
-string-valued `arguments` is the string itself; a missing or null one is "{}".
+string-valued `arguments` is the string itself; a complete object without arguments (or
+with null ones) has "{}". A call cut off before its arguments were generated (max_tokens)
+has "" and one cut off inside them has the text generated so far: arguments are never
+invented for a call that did not finish.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def arguments_of(scanner: JsonScanner, keys: JsonKeys) -> str:
     unfinished value gives the text scanned so far (what a preview has streamed)."""
     member = scanner.member(*keys.arguments)
     if member is None or member.value_start < 0:
-        return "{}"
+        return "{}" if scanner.done else ""
     end = member.value_end if member.complete else scanner.pos
     raw = scanner.text[member.value_start : end]
     if raw.startswith('"') and member.complete:
@@ -302,17 +305,18 @@ class ValueArgs:
         return None
 
     def arguments(self) -> str:
-        """The final arguments text (what has been seen, if the value never completed)."""
+        """The final arguments text (what has been seen, if the value never completed; ""
+        when none was generated)."""
         scanner = self.scanner
         if scanner.start < 0:
-            return "{}"
+            return ""
         raw = scanner.text[scanner.start : scanner.end if scanner.done else scanner.pos]
         if scanner.kind in "{[":
             return raw
         if scanner.kind == '"' and scanner.done:
             decoded = decode_string(raw)
             return raw if decoded is None else decoded
-        return raw.strip() or "{}"
+        return raw.strip()
 
 
 def probe_json_call(view: str, tools: Tools | None, keys: JsonKeys = DEFAULT_KEYS) -> str:

@@ -252,3 +252,24 @@ def is_json(text: str) -> bool:
     """True if `text` (surrounding whitespace allowed) is exactly one JSON value."""
     scanner = scan(text)
     return scanner.done and not scanner.failed and not text[scanner.end :].strip()
+
+
+def complete_members(text: str) -> dict[str, object] | None:
+    """The members of a JSON object text cut off before its end (a call stopped by
+    max_tokens) whose values were generated whole; None if `text` does not start an object.
+
+    A number or literal running to the end of `text` may still have been growing, so it is
+    left out, as is a member whose value is unfinished.
+    """
+    scanner = JsonScanner()
+    scanner.feed(text)
+    if scanner.kind != "{":
+        return None
+    members: dict[str, object] = {}
+    for member in scanner.members:
+        if member.complete:
+            try:
+                members[member.key] = json.loads(scanner.value_text(member), strict=False)
+            except (ValueError, RecursionError):
+                break
+    return members
