@@ -142,7 +142,7 @@ def test_flac_through_soundfile() -> None:
 
 
 def test_other_formats_need_ffmpeg(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(codec.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(codec, "find_ffmpeg", lambda: None)
     with pytest.raises(AudioDecodeError) as info:
         read_audio(b"ID3\x04" + b"\x00" * 64, name="song.mp3")
     message = str(info.value)
@@ -168,7 +168,12 @@ def test_ffmpeg_is_asked_for_16k_mono_float(
     assert audio.samples.tolist() == [0.0, 0.25, -0.25, 0.5]
     args = json.loads(log.read_text())
     assert args[args.index("-ar") + 1] == "16000" and args[args.index("-ac") + 1] == "1"
-    assert args[args.index("-f") + 1] == "f32le" and args[-1] == "pipe:1"
+    assert args[-1] == "pipe:1" and args[args.index("-f", args.index("-i")) + 1] == "f32le"
+    # only the pipe, only the ogg demuxer: a playlist over the pipe cannot name other files
+    before_input = args[: args.index("-i")]
+    assert before_input[before_input.index("-f") + 1] == "ogg"
+    assert before_input[before_input.index("-protocol_whitelist") + 1] == "pipe"
+    assert before_input[before_input.index("-format_whitelist") + 1] == "ogg"
 
 
 @pytest.mark.parametrize(

@@ -176,5 +176,7 @@ def test_video_without_ffmpeg_is_a_clear_error(
 
 
 def test_undecodable_video(tmp_path: Path) -> None:
-    with pytest.raises(MediaError, match="decoded"):
+    with pytest.raises(MediaError, match="unsupported video container"):
         _collect(_video_message(b"\x00" * 1000), VISION)
+    with pytest.raises(MediaError, match="decoded"):  # an mp4 header, then nothing usable
+        _collect(_video_message(b"\x00\x00\x00\x18ftypisom" + b"\x00" * 1000), VISION)

@@ -131,7 +131,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny: str, wav: Path, tmp_path: Path) 
 def test_ffmpeg_missing_message(tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlxcel.engine.audio import codec
 
-    monkeypatch.setattr(codec.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(codec, "find_ffmpeg", lambda: None)
     clip = tmp_path / "clip.ogg"
     clip.write_bytes(b"OggS" + b"\x00" * 64)
     assert_fails(["transcribe", str(clip), "-m", tiny], "ffmpeg is not installed")

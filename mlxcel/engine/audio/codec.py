@@ -2,13 +2,14 @@
 
 `read_audio` turns the bytes of an audio file into mono float32 samples at the rate a model
 wants; `write_wav` turns samples into a 16-bit PCM WAV file. WAV is parsed here (PCM 8/16/24/32
-bit, IEEE float, WAVE_FORMAT_EXTENSIBLE) so the common case needs nothing but numpy.
+bit, IEEE float, WAVE_FORMAT_EXTENSIBLE) so the common case needs nothing but numpy. ffmpeg
+only gets bytes of an allowlisted audio container, with its demuxer forced and no protocol but
+the pipe (`ffmpeg_input`): playlists and other formats that name files or URLs are refused.
 """
 
 from __future__ import annotations
 
 import io
-import shutil
 import struct
 import subprocess
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from math import gcd
 from typing import TYPE_CHECKING
 
 from mlxcel.engine.errors import InvalidRequestError
+from mlxcel.engine.ffmpeg_input import AUDIO_CONTAINERS, find_ffmpeg, input_args, sniff_container
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,21 +49,10 @@ class DecodedAudio:
 
 
 def sniff_format(data: bytes) -> str | None:
-    """The container format of `data` from its magic bytes: wav, flac, ogg, mp3, mp4, webm."""
-    head = data[:16]
-    if head[:4] in (b"RIFF", b"RIFX") and data[8:12] == b"WAVE":
-        return "wav"
-    if head[:4] == b"fLaC":
-        return "flac"
-    if head[:4] == b"OggS":
-        return "ogg"
-    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
-        return "mp3"
-    if head[4:8] == b"ftyp":
-        return "mp4"
-    if head[:4] == b"\x1a\x45\xdf\xa3":
-        return "webm"
-    return None
+    """The audio container of `data` from its magic bytes (wav, flac, ogg, mp3, aac, aiff, mp4,
+    webm), or None for anything else (a video-only container, a playlist, text)."""
+    kind = sniff_container(data)
+    return kind if kind in AUDIO_CONTAINERS else None
 
 
 def read_audio(
@@ -69,12 +60,18 @@ def read_audio(
 ) -> DecodedAudio:
     """Decode `data` (a whole audio file) to mono float32 at `sample_rate`.
 
-    WAV is read natively, FLAC through soundfile when it is installed, anything else through
-    ffmpeg when it is on PATH. Raises AudioDecodeError with a one-line message otherwise.
+    WAV is read natively, FLAC through soundfile when it is installed, the other containers of
+    `sniff_format` through ffmpeg when it is on PATH. Raises AudioDecodeError with a one-line
+    message otherwise.
     """
     if not data:
         raise AudioDecodeError(f"{name}: empty audio file")
     kind = sniff_format(data)
+    if kind is None:
+        raise AudioDecodeError(
+            f"{name}: unsupported audio container (send wav, flac, ogg, mp3, aac, aiff, m4a/mp4 "
+            "or webm bytes)"
+        )
     if kind == "wav":
         decoded = _read_wav(data, name)
     elif kind == "flac" and _soundfile_available():
@@ -240,17 +237,18 @@ def _read_soundfile(data: bytes, name: str) -> DecodedAudio:
     return DecodedAudio(np.ascontiguousarray(samples.mean(axis=1), dtype=np.float32), int(rate))
 
 
-def _read_ffmpeg(data: bytes, sample_rate: int, name: str, kind: str | None) -> DecodedAudio:
+def _read_ffmpeg(data: bytes, sample_rate: int, name: str, kind: str) -> DecodedAudio:
     import numpy as np
 
-    ffmpeg = shutil.which("ffmpeg")
-    what = f"{kind} audio" if kind else "this audio format"
+    ffmpeg = find_ffmpeg()
+    what = f"{kind} audio"
     if ffmpeg is None:
         native = "WAV" if not _soundfile_available() else "WAV and FLAC"
         raise AudioDecodeError(
             f"{name}: cannot decode {what}: ffmpeg is not installed ({native} are read natively)"
         )
-    command = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-i", "pipe:0"]
+    command = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error"]
+    command += input_args(kind, "pipe:0")
     command += ["-f", "f32le", "-acodec", "pcm_f32le", "-ac", "1", "-ar", str(sample_rate)]
     try:
         done = subprocess.run(

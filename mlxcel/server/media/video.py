@@ -1,12 +1,16 @@
-"""Sampling frames of a video with ffmpeg, from a file the server staged itself."""
+"""Sampling frames of a video with ffmpeg, from a file the server staged itself.
+
+ffmpeg reads only that file, with the demuxer of its sniffed container (`ffmpeg_input`): a
+playlist, manifest or any container outside the allowlist is refused before ffmpeg runs.
+"""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from mlxcel.engine.ffmpeg_input import VIDEO_CONTAINERS, find_ffmpeg, input_args, sniff_container
 from mlxcel.server.media.errors import MediaError
 from mlxcel.server.media.images import decode_image
 from mlxcel.server.media.staging import staged_file
@@ -16,13 +20,20 @@ _MAX_EXTRACTED = 2000
 
 def ffmpeg_path() -> str | None:
     """The ffmpeg on PATH, if any."""
-    return shutil.which("ffmpeg")
+    return find_ffmpeg()
 
 
 def sample_frames(
     data: bytes, *, max_frames: int, fps: float, max_pixels: int, timeout_s: float = 60.0
 ) -> list[Any]:
-    """Up to `max_frames` evenly spaced RGB frames (PIL) of the clip in `data`."""
+    """Up to `max_frames` evenly spaced RGB frames (PIL) of the clip in `data` (mp4/mov,
+    webm/mkv, avi or MPEG-TS; MediaError for anything else)."""
+    container = sniff_container(data)
+    if container is None or container not in VIDEO_CONTAINERS:
+        raise MediaError(
+            "unsupported video container: send mp4/mov, webm/mkv, avi or MPEG-TS bytes "
+            "(playlists and manifests are refused)"
+        )
     ffmpeg = ffmpeg_path()
     if ffmpeg is None:
         raise MediaError("video inputs need ffmpeg on the server's PATH")
@@ -34,8 +45,7 @@ def sample_frames(
             "-nostdin",
             "-v",
             "error",
-            "-i",
-            str(clip),
+            *input_args(container, str(clip)),
             "-vf",
             f"fps={fps:g}",
             "-frames:v",
