@@ -11,6 +11,7 @@ declared calls with valid arguments.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,6 +60,19 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 def _check_call(name: str, arguments: str) -> None:
     assert name in SCHEMAS, name
     jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+SPACE_RULE = re.compile(r" |\n[ \t]{0,20}")
+"""llama.cpp json-schema-to-grammar's SPACE (besides nothing): one space, or one line feed
+and up to 20 spaces or tabs."""
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _check_whitespace(json_text: str) -> None:
+    """Every run of whitespace between the tokens of `json_text` is one SPACE_RULE."""
+    between = _STRING.sub('""', json_text)
+    for run in re.findall(r"\s+", between):
+        assert SPACE_RULE.fullmatch(run), (run, json_text)
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +223,43 @@ def test_wire_grammars_parse_back_to_declared_calls(tokenizer: Any, fmt: str) ->
             _check_call(call.name, call.arguments)
 
 
+TWO_INTEGERS = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["a", "b"],
+}
+ADD = [{"type": "function", "function": {"name": "add", "parameters": TWO_INTEGERS}}]
+
+
+@pytest.mark.parametrize("fmt", sorted(WIRES))
+def test_forced_call_whitespace_is_llama_cpp_space_over_20_seeds(tokenizer: Any, fmt: str) -> None:
+    """No carriage return, no blank line, at most 20 spaces/tabs after a line feed."""
+    backend = get_grammar_backend("llguidance", tokenizer)
+    lookup = special_token_lookup(tokenizer, backend)
+    grammar = tool_call_grammar(backend, fmt, ADD, special_id=lookup, max_calls=1)
+    assert grammar is not None
+    wire = WIRES[fmt]
+    for seed in range(20):
+        text = _sample_constrained(tokenizer, grammar, seed)
+        assert text.startswith(wire.open) and text.endswith(wire.close), text
+        body = text[len(wire.open) : len(text) - len(wire.close)]
+        json.loads(body)
+        _check_whitespace(body)
+
+
+def test_response_format_whitespace_is_llama_cpp_space_over_20_seeds(tokenizer: Any) -> None:
+    backend = get_grammar_backend("llguidance", tokenizer)
+    for schema in (TWO_INTEGERS, {"type": "object"}):  # the second is what json_object uses
+        grammar = backend.compile_json_schema(schema)
+        for seed in range(20):
+            text = _sample_constrained(tokenizer, grammar, seed)
+            assert isinstance(json.loads(text), dict), text
+            _check_whitespace(text)
+
+
 def test_special_markers_become_token_ids(tokenizer: Any) -> None:
     backend = get_grammar_backend("llguidance", tokenizer)
     lookup = special_token_lookup(tokenizer, backend)
@@ -284,6 +335,7 @@ def test_forced_calls_on_open_schemas_end_in_tool_calls_over_20_seeds(client: Op
             assert call.function.name == "get_weather"
             arguments = json.loads(call.function.arguments)
             jsonschema.validate(arguments, _closed(OPEN_WEATHER))
+            _check_whitespace(call.function.arguments)
 
 
 def test_response_format_on_an_open_schema_stops_over_20_seeds(client: OpenAI) -> None:
@@ -305,7 +357,7 @@ def test_response_format_on_an_open_schema_stops_over_20_seeds(client: OpenAI) -
         assert choice.finish_reason == "stop", (seed, choice)
         text = choice.message.content or ""
         jsonschema.validate(json.loads(text), _closed(OPEN_WEATHER))
-        assert "\n\n\n" not in text and " " * 21 not in text
+        _check_whitespace(text)
 
 
 def test_close_objects_follows_llama_cpp() -> None:

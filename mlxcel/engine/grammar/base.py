@@ -34,12 +34,15 @@ from mlxcel.engine.grammar.strict import close_objects
 BACKENDS = ("llguidance", "xgrammar")
 DEFAULT_BACKEND = "llguidance"
 DEFAULT_CACHE_SIZE = 64
-# Whitespace allowed between two JSON tokens: one space, or one or two line breaks and up
-# to 20 characters of indentation. Bounded, so that a schema whose values are bounded also
-# bounds the output (an endless run of spaces is how a weak model fails to finish), while
-# compact and pretty-printed JSON both fit. xgrammar can only bound the count.
-JSON_WHITESPACE_PATTERN = r"(\x20|(\x0D?\x0A){1,2}[\x20\x09]{0,20})?"
-MAX_JSON_WHITESPACE = 24
+# Whitespace allowed between two JSON tokens, the SPACE rule of llama.cpp's
+# json-schema-to-grammar: nothing, one space, or one line feed followed by up to 20 spaces
+# or tabs (never a carriage return, never a blank line). Bounded, so that a schema whose
+# values are bounded also bounds the output (an endless run of spaces is how a weak model
+# fails to finish), while compact and pretty-printed JSON both fit. Every grammar mlxcel
+# builds with llguidance (response_format, forced tool calls, json_object) uses this one
+# pattern; the xgrammar extra's API only bounds the count, to MAX_JSON_WHITESPACE.
+JSON_WHITESPACE_PATTERN = r"(\x20|\x0A[\x20\x09]{0,20})?"
+MAX_JSON_WHITESPACE = 21
 
 
 class UnsupportedTokenizer(InvalidRequestError):
