@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,12 @@ from mlxcel.engine.chat.tool_calls.base import (
     ToolCallEnd,
     ToolCallStart,
 )
-from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
+from mlxcel.engine.text.request import (
+    GenerationEvent,
+    GenerationRequest,
+    PromptProgress,
+    Timings,
+)
 from mlxcel.server.anthropic_messages.convert import (
     anthropic_tool_id,
     chat_call_id,
@@ -279,6 +285,55 @@ def test_empty_answer_has_one_empty_text_block(hf_tokenizer: Any) -> None:
     app, _ = make_app(hf_tokenizer, [])
     message = create(app, messages=USER)
     assert [(b.type, b.text) for b in message.content] == [("text", "")]
+
+
+class CachingEngine(Engine):
+    """As `Engine`, with `cached` prompt tokens served by the prompt cache: a prompt
+    progress event first when the request asks for one (as the scheduler sends it at
+    admission on a cache hit), and the count in the final event's timings."""
+
+    def __init__(self, tokens: Sequence[str], cached: int) -> None:
+        super().__init__(tokens)
+        self.cached = cached
+
+    def submit(self, request: GenerationRequest, sink: Any) -> None:
+        total = len(request.prompt_tokens)
+        if request.progress:
+            progress = PromptProgress(total, self.cached, self.cached, 0.0)
+            sink(GenerationEvent(request.request_id, progress=progress))
+
+        def timed(event: GenerationEvent) -> None:
+            if event.finished:
+                event.timings = Timings(prompt_n=total - self.cached, cache_n=self.cached)
+            sink(event)
+
+        super().submit(request, timed)
+
+
+def test_usage_input_tokens_leave_out_cache_reads(hf_tokenizer: Any) -> None:
+    """Anthropic's split, as llama-server's: input_tokens + cache_read_input_tokens +
+    cache_creation_input_tokens is the prompt; message_start already has the cache reads."""
+    engine = CachingEngine(HELLO, cached=5)
+    app = create_app(make_state(hf_tokenizer, engine))
+    message = create(app, messages=USER)
+    prompt = len(engine.requests[0].prompt_tokens)
+    expected = {
+        "input_tokens": prompt - 5,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 5,
+        "output_tokens": len(HELLO),
+    }
+    assert message.usage.model_dump(exclude_none=True) == expected
+    assert engine.requests[0].progress is False  # collected: no progress events asked for
+    body = {"model": "m", "max_tokens": 50, "stream": True, "messages": USER}
+    events = sse_events(post(app, "/v1/messages", body).text)
+    assert engine.requests[1].progress is True
+    assert [name for name, _ in events[:2]] == ["message_start", "content_block_start"]
+    assert events[0][1]["message"]["usage"] == {**expected, "output_tokens": 0}
+    (delta,) = [data for name, data in events if name == "message_delta"]
+    assert delta["usage"] == expected
+    counted = post(app, "/v1/messages/count_tokens", {"model": "m", "messages": USER}).json()
+    assert counted == {"input_tokens": prompt}  # count_tokens: the whole prompt
 
 
 # --------------------------------------------------------------------------- streamed
@@ -687,15 +742,26 @@ def test_image_on_a_text_model_is_a_clear_400(hf_tokenizer: Any) -> None:
         "type": "image",
         "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
     }
-    for content in (
-        [image, {"type": "text", "text": "What is this?"}],
-        [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [image]}],
+    for content, where in (
+        ([{"type": "text", "text": "What is this?"}, image], "messages[2].content[1]"),
+        (
+            [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [image]}],
+            "messages[2].content[0].content[0]",
+        ),
     ):
+        # The block is named as the client sent it: Anthropic's `image` block, at its place
+        # in the request (not the chat path's `image_url` part at its chat message index).
+        messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes?"}]
+        messages.append({"role": "user", "content": content})
         with pytest.raises(anthropic.BadRequestError) as caught:
-            create(app, messages=[{"role": "user", "content": content}])
+            create(app, system="Be brief.", messages=messages)
         body = caught.value.body
         assert isinstance(body, dict) and body["error"]["type"] == "invalid_request_error"
-        assert "not supported by this model" in body["error"]["message"]
+        message = body["error"]["message"]
+        assert message.startswith(f"{where}: image input is not supported"), message
+        assert "'image' content block" in message and "image_url" not in message
+        counted = post(app, "/v1/messages/count_tokens", {"model": "m", "messages": messages})
+        assert counted.status_code == 400 and counted.json()["error"]["message"] == message
     assert engine.requests == []
 
 
@@ -772,6 +838,12 @@ def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield server.url
 
 
+def prompt_total(usage: Any) -> int:
+    """The prompt tokens of an Anthropic `usage`: input, cache reads and cache writes."""
+    parts = (usage.cache_read_input_tokens, usage.cache_creation_input_tokens)
+    return int(usage.input_tokens) + sum(p or 0 for p in parts)
+
+
 def test_real_server_create_stream_and_count(served: str) -> None:
     client = Anthropic(base_url=served, api_key=API_KEY, max_retries=0)
     kwargs: dict[str, Any] = {
@@ -786,8 +858,13 @@ def test_real_server_create_stream_and_count(served: str) -> None:
     (block,) = message.content
     assert isinstance(block, anthropic.types.TextBlock) and message.usage.output_tokens == 3
     with client.messages.stream(**kwargs) as s:
-        text = "".join(s.text_stream)
+        events = list(s)
         final = s.get_final_message()
+    text = "".join(
+        e.delta.text
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "text_delta"
+    )
     (streamed,) = final.content
     assert isinstance(streamed, anthropic.types.TextBlock)
     assert text == block.text == streamed.text  # greedy: the same text
@@ -795,7 +872,15 @@ def test_real_server_create_stream_and_count(served: str) -> None:
     counted = client.messages.count_tokens(
         model="tiny", system="Be brief.", messages=[{"role": "user", "content": "Hello"}]
     )
-    assert counted.input_tokens == message.usage.input_tokens == final.usage.input_tokens
+    # Anthropic's split: input_tokens leaves out the cache reads; the parts add up to the
+    # prompt count_tokens counts. The streamed run repeats the prompt: a cache hit, which
+    # message_start already reports (not 0 there and the real number later).
+    assert prompt_total(message.usage) == prompt_total(final.usage) == counted.input_tokens
+    start = events[0]
+    assert start.type == "message_start"
+    assert start.message.usage.model_dump() == {**final.usage.model_dump(), "output_tokens": 0}
+    assert final.usage.cache_read_input_tokens and final.usage.cache_read_input_tokens > 0
+    assert final.usage.input_tokens == counted.input_tokens - final.usage.cache_read_input_tokens
     wrong = Anthropic(base_url=served, api_key="sk-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as caught:
         wrong.messages.create(**kwargs)
@@ -838,3 +923,22 @@ def test_real_server_forced_tool_use(served: str) -> None:
     (call,) = [b for b in final.content if b.type == "tool_use"]
     assert call.name == "get_weather" and json.loads("".join(fragments)) == call.input
     assert isinstance(call.input["city"], str)
+
+
+def test_real_server_context_overflow_reads_as_anthropic(served: str) -> None:
+    """A prompt past the context: Anthropic's 400 "prompt is too long: N tokens > M
+    maximum", the text the SDKs' users (langchain-anthropic, litellm) match, streamed or not."""
+    client = Anthropic(base_url=served, api_key=API_KEY, max_retries=0)
+    messages: Any = [{"role": "user", "content": "hello world " * 3000}]
+    counted = client.messages.count_tokens(model="tiny", messages=messages).input_tokens
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.create(model="tiny", max_tokens=5, messages=messages, stream=stream)
+        body = caught.value.body
+        assert isinstance(body, dict) and body["type"] == "error"
+        assert body["error"]["type"] == "invalid_request_error"
+        match = re.fullmatch(
+            r"prompt is too long: (\d+) tokens > (\d+) maximum", body["error"]["message"]
+        )
+        assert match is not None, body
+        assert int(match[1]) == counted > int(match[2]) > 0

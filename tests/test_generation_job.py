@@ -136,6 +136,8 @@ def _reported(family: str, stream: bool, response: httpx.Response) -> tuple[int,
         if family == "native":
             return body["tokens_evaluated"], body["tokens_predicted"]
         usage = body["usage"]
+        if family == "messages":  # Anthropic's input_tokens leave out the cache reads
+            return usage["input_tokens"] + usage["cache_read_input_tokens"], usage["output_tokens"]
         return usage["input_tokens"], usage["output_tokens"]
     events = _sse(response.text)
     if family in ("chat", "completions"):
@@ -148,9 +150,9 @@ def _reported(family: str, stream: bool, response: httpx.Response) -> tuple[int,
         (done,) = [data for name, data in events if name == "response.completed"]
         usage = done["response"]["usage"]
         return usage["input_tokens"], usage["output_tokens"]
-    (start,) = [data for name, data in events if name == "message_start"]
     (delta,) = [data for name, data in events if name == "message_delta"]
-    return start["message"]["usage"]["input_tokens"], delta["usage"]["output_tokens"]
+    usage = delta["usage"]
+    return usage["input_tokens"] + usage["cache_read_input_tokens"], usage["output_tokens"]
 
 
 def _stream_body(family: str, body: dict[str, Any]) -> dict[str, Any]:

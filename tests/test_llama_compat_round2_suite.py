@@ -27,7 +27,8 @@ def _messages(url: str, body: dict[str, Any]) -> httpx.Response:
 
 def test_anthropic_usage_reports_cache_reads(server: str) -> None:
     """`usage.cache_read_input_tokens` is always there and counts the cached prefix;
-    `input_tokens` stays the whole prompt (what count_tokens answers)."""
+    `input_tokens` is the rest of the prompt (Anthropic's and llama-server's split: with
+    `cache_creation_input_tokens` 0 they add up to what count_tokens answers)."""
     text = "Tell me a long story about a cat and a dog in a garden " * 4
     # Greedy: with default sampling the random model draws its end token first now and then.
     body = {
@@ -36,16 +37,27 @@ def test_anthropic_usage_reports_cache_reads(server: str) -> None:
         "temperature": 0,
         "messages": [{"role": "user", "content": text}],
     }
+    counted = httpx.post(
+        f"{server}/v1/messages/count_tokens", json=body, headers=AUTH, timeout=120
+    ).json()["input_tokens"]
+
+    def prompt(usage: dict[str, int]) -> int:
+        return (
+            usage["input_tokens"]
+            + usage["cache_read_input_tokens"]
+            + usage["cache_creation_input_tokens"]
+        )
+
     first = _messages(server, body)
     assert first.status_code == 200, first.text
     cold = first.json()["usage"]
-    assert cold["cache_read_input_tokens"] == 0
-    assert cold["input_tokens"] > 0 and cold["output_tokens"] > 0
+    assert cold["cache_read_input_tokens"] == 0 and cold["input_tokens"] == counted
+    assert cold["output_tokens"] > 0
     warm = _messages(server, body).json()["usage"]
-    assert warm["cache_read_input_tokens"] > 0
-    assert 0 < warm["cache_read_input_tokens"] < warm["input_tokens"] == cold["input_tokens"]
+    assert 0 < warm["cache_read_input_tokens"] < counted
+    assert 0 < warm["input_tokens"] < counted == prompt(warm)
 
-    deltas = []
+    starts, deltas = [], []
     with httpx.stream(
         "POST", f"{server}/v1/messages", json={**body, "stream": True}, headers=AUTH, timeout=120
     ) as response:
@@ -53,12 +65,14 @@ def test_anthropic_usage_reports_cache_reads(server: str) -> None:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 event = json.loads(line.removeprefix("data: "))
+                if event["type"] == "message_start":
+                    starts.append(event["message"]["usage"])
                 if event["type"] == "message_delta":
                     deltas.append(event["usage"])
-    assert len(deltas) == 1
+    assert len(deltas) == 1 and len(starts) == 1
     streamed = deltas[0]
-    assert 0 < streamed["cache_read_input_tokens"] < streamed["input_tokens"]
-    assert streamed["input_tokens"] == cold["input_tokens"]
+    assert 0 < streamed["cache_read_input_tokens"] < counted == prompt(streamed)
+    assert starts[0] == {**streamed, "output_tokens": 0}  # the cache hit from the start
 
 
 def test_ignore_eos_lists_the_banned_end_tokens_in_logit_bias(server: str) -> None:

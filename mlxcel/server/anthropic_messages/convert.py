@@ -138,19 +138,25 @@ def _document_part(where: str, block: dict[str, Any]) -> dict[str, Any]:
     raise bad_request(f"{where}: only plain-text documents are supported, not '{kind}' sources")
 
 
-def _content_part(where: str, block: dict[str, Any]) -> dict[str, Any]:
-    """A user (or tool result) block as a chat content part."""
+def _content_part(where: str, block: dict[str, Any], images: bool) -> dict[str, Any]:
+    """A user (or tool result) block as a chat content part (`images`: the model takes
+    images; else an image block is a 400 naming it)."""
     kind = block.get("type")
     if kind == "text":
         return {"type": "text", "text": _text_of(where, block)}
     if kind == "image":
+        if not images:
+            raise bad_request(
+                f"{where}: image input is not supported by the loaded model "
+                "('image' content block; serve a vision model to send images)"
+            )
         return _image_part(where, block)
     if kind == "document":
         return _document_part(where, block)
     raise bad_request(f"{where}: '{kind}' content blocks are not supported here")
 
 
-def _tool_message(where: str, block: dict[str, Any]) -> dict[str, Any]:
+def _tool_message(where: str, block: dict[str, Any], images: bool) -> dict[str, Any]:
     tool_use_id = block.get("tool_use_id")
     if not isinstance(tool_use_id, str) or not tool_use_id:
         raise bad_request(f"{where}: a tool_result block needs a 'tool_use_id' string")
@@ -159,7 +165,7 @@ def _tool_message(where: str, block: dict[str, Any]) -> dict[str, Any]:
     if content is None or isinstance(content, str):
         parts = content or ""
     elif isinstance(content, list):
-        parts = [_content_part(f"{where}.content[{j}]", b) for j, b in enumerate(content)]
+        parts = [_content_part(f"{where}.content[{j}]", b, images) for j, b in enumerate(content)]
     else:
         raise bad_request(f"{where}: tool_result 'content' must be a string or a list of blocks")
     return {"role": "tool", "tool_call_id": chat_call_id(tool_use_id), "content": parts}
@@ -192,7 +198,7 @@ def _turns(body: CountTokensRequest) -> Iterator[tuple[str, list[Located]]]:
         yield role, blocks
 
 
-def _user_messages(blocks: list[Located]) -> list[dict[str, Any]]:
+def _user_messages(blocks: list[Located], images: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for where, block in blocks:
@@ -201,9 +207,9 @@ def _user_messages(blocks: list[Located]) -> list[dict[str, Any]]:
             if parts:
                 out.append({"role": "user", "content": parts})
                 parts = []
-            out.append(_tool_message(where, block))
+            out.append(_tool_message(where, block, images))
         elif not _ignored_block(kind):
-            parts.append(_content_part(where, block))
+            parts.append(_content_part(where, block, images))
     if parts or not out:
         out.append({"role": "user", "content": parts or ""})
     return out
@@ -249,15 +255,16 @@ def _tool_call(where: str, block: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
-    """The chat `messages` of `body` (system first, when there is one)."""
+def chat_messages(body: CountTokensRequest, *, images: bool = True) -> list[dict[str, Any]]:
+    """The chat `messages` of `body` (system first, when there is one); `images`: whether
+    the model takes image blocks (else they are a 400)."""
     messages: list[dict[str, Any]] = []
     system = system_text(body.system)
     if system:
         messages.append({"role": "system", "content": system})
     for role, blocks in _turns(body):
         if role == "user":
-            messages.extend(_user_messages(blocks))
+            messages.extend(_user_messages(blocks, images))
         else:
             messages.append(_assistant_message(blocks))
     return messages
@@ -333,12 +340,13 @@ def response_format(body: CountTokensRequest) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
 
 
-def to_chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
-    """`body` as a chat completion request (400 for what cannot be translated)."""
+def to_chat_request(body: CountTokensRequest, *, images: bool = True) -> ChatCompletionRequest:
+    """`body` as a chat completion request (400 for what cannot be translated, and for
+    image blocks unless `images`: the loaded model takes them)."""
     extra = body.model_extra or {}
     payload: dict[str, Any] = {k: v for k, v in extra.items() if k in PASSTHROUGH_FIELDS}
     payload["model"] = body.model
-    payload["messages"] = chat_messages(body)
+    payload["messages"] = chat_messages(body, images=images)
     tools = function_tools(body.tools)
     if tools:
         payload["tools"] = tools

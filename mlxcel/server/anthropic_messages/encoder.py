@@ -189,6 +189,7 @@ class MessagesEncoder(Encoder):
         self.stops = tuple(stop_sequences)
         self._out = chat.plan.stream(message_id)
         self._blocks = BlockEvents()
+        self._started = False
 
     def _reason(self, final: GenerationEvent, made_calls: bool) -> tuple[StopReason, str | None]:
         return stop_reason(final.finish_reason or "stop", made_calls, final.stop_word, self.stops)
@@ -196,22 +197,36 @@ class MessagesEncoder(Encoder):
     # ------------------------------------------------------------------ streaming
 
     def opening(self) -> Iterable[str]:
+        return ()  # `message_start` waits for the prompt-cache count (`_start`)
+
+    def _start(self, cached: int) -> list[str]:
+        """`message_start`, once: sent at the first event, whose prompt progress (the
+        engine reports one before any token when the prompt cache served part of the
+        prompt) carries the cached tokens; a token event without it means none were."""
+        if self._started:
+            return []
+        self._started = True
         start = message_object(
             self.message_id,
             self.model,
             [],
             stop_reason=None,
             stop_sequence=None,
-            input_tokens=self.chat.prompt_tokens,
+            prompt_tokens=self.chat.prompt_tokens,
             output_tokens=0,
+            cached_tokens=cached,
         )
         return [sse_event("message_start", {"type": "message_start", "message": start})]
 
     def delta(self, index: int, event: GenerationEvent) -> Iterable[str]:
-        return self._blocks.feed(self._out.feed(event.text)) if event.text else ()
+        if event.progress is not None:
+            return self._start(event.progress.cache)
+        lines = self._start(_cached(event))
+        return lines + self._blocks.feed(self._out.feed(event.text)) if event.text else lines
 
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
-        lines = self._blocks.feed(self._out.finish()) + self._blocks.close()
+        lines = self._start(_cached(final))
+        lines += self._blocks.feed(self._out.finish()) + self._blocks.close()
         assert self._out.result is not None
         self.chat.check_forced(self._out.result)
         reason, sequence = self._reason(final, bool(self._out.result.calls))
@@ -249,7 +264,7 @@ class MessagesEncoder(Encoder):
             blocks,
             stop_reason=reason,
             stop_sequence=sequence,
-            input_tokens=final.prompt_tokens,
+            prompt_tokens=final.prompt_tokens,
             output_tokens=final.completion_tokens,
             cached_tokens=_cached(final),
         )

@@ -48,16 +48,19 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
 
 
-def usage(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
-    """The `usage` object of a message (also of a streamed `message_delta`).
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
+    """The `usage` object of a message (also of a streamed `message_start` / `message_delta`).
 
-    `input_tokens` is the whole prompt (what `/v1/messages/count_tokens` counts);
-    `cache_read_input_tokens` is the part of it the engine took from its prompt cache, as
-    llama-server reports it.
+    Anthropic's split of the `prompt_tokens` (what `/v1/messages/count_tokens` counts):
+    `cache_read_input_tokens` is the part the engine took from its prompt cache,
+    `input_tokens` the rest, and `cache_creation_input_tokens` is 0 (nothing is written on
+    request), so the three add up to the prompt, as Anthropic and llama-server report them.
     """
+    cached = min(max(cached_tokens, 0), prompt_tokens)
     return {
-        "input_tokens": input_tokens,
-        "cache_read_input_tokens": min(max(cached_tokens, 0), input_tokens),
+        "input_tokens": prompt_tokens - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
         "output_tokens": output_tokens,
     }
 
@@ -69,7 +72,7 @@ def message_object(
     *,
     stop_reason: str | None,
     stop_sequence: str | None,
-    input_tokens: int,
+    prompt_tokens: int,
     output_tokens: int,
     cached_tokens: int = 0,
 ) -> dict[str, Any]:
@@ -82,7 +85,7 @@ def message_object(
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": usage(input_tokens, output_tokens, cached_tokens),
+        "usage": usage(prompt_tokens, output_tokens, cached_tokens),
     }
 
 

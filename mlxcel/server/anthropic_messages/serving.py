@@ -1,7 +1,9 @@
 """Messages requests: translated into a chat request and run through the chat path.
 
 A request is translated (`convert`) and admitted by `ChatServing.start`, so every 400 and
-503 comes before any byte is sent; `MessagesEncoder` shapes the answer.
+503 comes before any byte is sent; `MessagesEncoder` shapes the answer. A prompt longer
+than the context reads as Anthropic's ("prompt is too long: N tokens > M maximum"), the
+message the SDKs, langchain-anthropic and litellm recognize as a context overflow.
 """
 
 from __future__ import annotations
@@ -14,12 +16,21 @@ from starlette.responses import Response
 from mlxcel.server.anthropic_messages.convert import to_chat_request
 from mlxcel.server.anthropic_messages.encoder import MessagesEncoder
 from mlxcel.server.anthropic_messages.protocol import CountTokensRequest, MessagesRequest
-from mlxcel.server.errors import server_busy
+from mlxcel.server.errors import APIError, bad_request, server_busy
 from mlxcel.server.openai_chat.serving import ChatServing
 from mlxcel.server.openai_common import new_id, reported_model
 
 if TYPE_CHECKING:
     from mlxcel.server.state import ServerState
+
+
+def prompt_too_long(error: APIError) -> APIError | None:
+    """Anthropic's 400 for a `context_length_exceeded` error (None for any other): the
+    maximum is the most prompt tokens a slot takes (one is left for the answer)."""
+    n_prompt, n_ctx = error.extra.get("n_prompt_tokens"), error.extra.get("n_ctx")
+    if error.code != "context_length_exceeded" or n_prompt is None or n_ctx is None:
+        return None
+    return bad_request(f"prompt is too long: {n_prompt} tokens > {n_ctx - 1} maximum")
 
 
 class MessagesServing:
@@ -29,9 +40,24 @@ class MessagesServing:
         self.state = state
         self.chat = ChatServing(state)
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the loaded model takes image inputs (a vision model that reads images)."""
+        media = self.state.media
+        return media is not None and "image" in media.modalities
+
     async def create(self, body: MessagesRequest, raw: Request) -> Response:
         """Answer one request: a message object, or its SSE events once admitted."""
-        job = await self.chat.start(to_chat_request(body), raw)
+        chat = to_chat_request(body, images=self.takes_images)
+        if body.stream:  # the prompt progress tells `message_start` the cached tokens
+            chat.return_progress = True
+        try:
+            job = await self.chat.start(chat, raw, stream_reports=body.stream)
+        except APIError as exc:
+            overflow = prompt_too_long(exc)
+            if overflow is None:
+                raise
+            raise overflow from None
         message_id = new_id("msg_")
         model = reported_model(self.state, body.model)
         encoder = MessagesEncoder(job, message_id, model, body.stop_sequences or ())
@@ -41,5 +67,5 @@ class MessagesServing:
         """POST /v1/messages/count_tokens: the tokens of the prompt `body` renders to."""
         if self.state.tokenizer is None:
             raise server_busy("loading model")
-        tokens = await self.chat.prompt_tokens(to_chat_request(body))
+        tokens = await self.chat.prompt_tokens(to_chat_request(body, images=self.takes_images))
         return {"input_tokens": len(tokens)}
