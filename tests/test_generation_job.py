@@ -183,7 +183,7 @@ def test_metrics_equal_the_summed_usage_of_every_family(hf_tokenizer: Any) -> No
     assert moved("mlxcel_completion_tokens_total") == sum(c for _, c in reported) == 30
     # llama-server's own: prompt tokens without the cached ones, and the cached ones.
     assert moved("llamacpp:prompt_tokens_total") == sum(p - 2 for p, _ in reported)
-    assert moved("llamacpp:prompt_tokens_cached_total") == 2 * 10
+    assert moved("llamacpp:prompt_tokens_cache_total") == 2 * 10
     assert moved("llamacpp:tokens_predicted_total") == 30
     assert moved("llamacpp:prompt_seconds_total") == pytest.approx(10 * 0.004)
     assert moved("llamacpp:tokens_predicted_seconds_total") == pytest.approx(10 * 0.008)

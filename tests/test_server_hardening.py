@@ -68,16 +68,17 @@ def http(server: ServeProcess) -> Iterator[httpx.Client]:
 def test_auth_missing_and_invalid_keys(server: ServeProcess) -> None:
     body = {"messages": MESSAGES, "max_tokens": 1}
     with server.client() as anon:
-        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/props")):
             error = assert_error(anon.request(method, path, json=body), 401, "missing_api_key")
             assert "key" in error["message"].lower()
             wrong = anon.request(method, path, json=body, headers={"Authorization": "Bearer no"})
             assert_error(wrong, 401, "invalid_api_key")
         # no query-parameter auth
-        assert_error(anon.get(f"/v1/models?api_key={API_KEY}"), 401, "missing_api_key")
-        # the public paths stay open
+        assert_error(anon.get(f"/props?api_key={API_KEY}"), 401, "missing_api_key")
+        # the public paths stay open (the model list too, as llama-server's)
         assert anon.get("/health").status_code == 200
         assert anon.get("/").status_code == 200
+        assert anon.get("/v1/models").status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -48,19 +48,34 @@ SPEC_METRICS = {
     "mlxcel_batch_current_size": ("gauge", "Current active batch size"),
     "mlxcel_cache_pool_active": ("gauge", "Active cache entries"),
 }
-LLAMACPP_METRICS = {
-    "llamacpp:prompt_tokens_total": "counter",
-    "llamacpp:prompt_tokens_cached_total": "counter",
-    "llamacpp:prompt_seconds_total": "counter",
-    "llamacpp:tokens_predicted_total": "counter",
-    "llamacpp:tokens_predicted_seconds_total": "counter",
-    "llamacpp:n_decode_total": "counter",
-    "llamacpp:n_tokens_max": "counter",
-    "llamacpp:n_busy_slots_per_decode": "gauge",
-    "llamacpp:prompt_tokens_seconds": "gauge",
-    "llamacpp:predicted_tokens_seconds": "gauge",
-    "llamacpp:requests_processing": "gauge",
-    "llamacpp:requests_deferred": "gauge",
+LLAMACPP_METRICS = {  # llama-server's families: (type, help), in its order
+    "llamacpp:prompt_tokens_total": ("counter", "Number of prompt tokens processed."),
+    "llamacpp:prompt_seconds_total": ("counter", "Prompt process time"),
+    "llamacpp:tokens_predicted_total": ("counter", "Number of generation tokens processed."),
+    "llamacpp:tokens_predicted_seconds_total": ("counter", "Predict process time"),
+    "llamacpp:n_decode_total": ("counter", "Total number of llama_decode() calls"),
+    "llamacpp:n_tokens_max": ("counter", "Largest observed n_tokens."),
+    "llamacpp:spec_decode_num_draft_tokens_total": ("counter", "Total draft tokens generated"),
+    "llamacpp:spec_decode_num_accepted_tokens_total": (
+        "counter",
+        "Total draft tokens accepted by the target model",
+    ),
+    "llamacpp:spec_decode_num_drafts_total": (
+        "counter",
+        "Total speculative decoding verification steps",
+    ),
+    "llamacpp:prompt_tokens_seconds": ("gauge", "Average prompt throughput in tokens/s."),
+    "llamacpp:predicted_tokens_seconds": ("gauge", "Average generation throughput in tokens/s."),
+    "llamacpp:requests_processing": ("gauge", "Number of requests processing."),
+    "llamacpp:requests_deferred": ("gauge", "Number of requests deferred."),
+    "llamacpp:n_busy_slots_per_decode": (
+        "gauge",
+        "Average number of busy slots per llama_decode() call",
+    ),
+}
+LLAMACPP_CACHE_METRICS = {  # the prompt-cache pair of newer llama-servers
+    "llamacpp:prompt_tokens_cache_total": "counter",
+    "llamacpp:prompt_cache_hit_ratio": "gauge",
 }
 CACHE_STATS_KEYS = [
     "enabled",
@@ -304,17 +319,20 @@ def test_metrics_exposition(http: httpx.Client) -> None:
     text = response.text
     for name, (kind, help_text) in SPEC_METRICS.items():
         assert f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name} " in text, name
-    for name, kind in LLAMACPP_METRICS.items():
+    llama_blocks = [
+        f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name} "
+        for name, (kind, help_text) in LLAMACPP_METRICS.items()
+    ]
+    at = [text.index(block) for block in llama_blocks]  # each one, as llama-server writes it
+    assert at == sorted(at)  # in llama-server's order: its counters, then its gauges
+    for name, kind in LLAMACPP_CACHE_METRICS.items():
         assert f"# TYPE {name} {kind}\n" in text, name
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["mlxcel_slots_total"].type == "gauge"
     assert families["mlxcel_slots_total"].samples[0].value == 4
     assert families["mlxcel_requests"].type == "counter"  # the parser drops `_total`
     values = exposition_values(text)
-    assert set(values) == set(SPEC_METRICS) | set(LLAMACPP_METRICS) | {
-        "llamacpp:spec_decode_num_draft_tokens_total",
-        "llamacpp:spec_decode_num_accepted_tokens_total",
-    }
+    assert set(values) == set(SPEC_METRICS) | set(LLAMACPP_METRICS) | set(LLAMACPP_CACHE_METRICS)
 
 
 def test_metrics_counting(http: httpx.Client) -> None:
@@ -356,17 +374,22 @@ def test_metrics_cached_tokens(http: httpx.Client) -> None:
     prompt = "A prompt long enough to fill a couple of cache blocks, again and again. " * 3
     body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "ignore_eos": True}
     http.post("/completion", json=body)
-    before = metric_values(http)["llamacpp:prompt_tokens_cached_total"]
+    before = metric_values(http)
     second = http.post("/completion", json=body).json()
     assert second["timings"]["cache_n"] > 0
-    after = metric_values(http)["llamacpp:prompt_tokens_cached_total"]
-    assert after == before + second["timings"]["cache_n"]
+    after = metric_values(http)
+    cached, processed = "llamacpp:prompt_tokens_cache_total", "llamacpp:prompt_tokens_total"
+    assert after[cached] == before[cached] + second["timings"]["cache_n"]
+    assert after[processed] == before[processed] + second["timings"]["prompt_n"]
+    assert after["llamacpp:prompt_cache_hit_ratio"] == pytest.approx(
+        after[cached] / (after[cached] + after[processed])
+    )
+    assert 0 < after["llamacpp:prompt_cache_hit_ratio"] < 1
 
 
-def test_metrics_not_mounted_without_the_flag(off: httpx.Client) -> None:
-    response = off.get("/metrics")
-    error_of(response, 404, "not_found_error")
-    assert response.json() == off.get("/no-such-route").json()
+def test_metrics_disabled_is_501_as_llama_server(off: httpx.Client) -> None:
+    message = error_of(off.get("/metrics"), 501, "not_supported_error")
+    assert message == "This server does not support metrics endpoint. Start it with `--metrics`"
 
 
 # ---------------------------------------------------------------------------- prompt cache

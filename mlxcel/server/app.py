@@ -19,7 +19,11 @@ if TYPE_CHECKING:
     from mlxcel.server.state import ServerState
 
 PUBLIC_ROUTES = ("/health", "/")
-"""Paths (under the API prefix) that never need an API key."""
+"""Paths (under the API prefix) that never need an API key, even while the model loads."""
+
+KEYLESS_ROUTES = ("/models", "/v1/models")
+"""Paths (under the API prefix) that need no API key but wait for the model, as
+llama-server's public endpoints (`/health`, `/models`, `/v1/models`, its web UI)."""
 
 
 def normalize_prefix(prefix: str | None) -> str:
@@ -127,6 +131,7 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
         RequestGuard,
         api_keys=ApiKeys(settings.api_keys()),
         public_paths=public_paths(prefix),
+        keyless_paths=frozenset(f"{prefix}{route}" for route in KEYLESS_ROUTES),
         max_body_size=settings.max_body_size,
         upload_paths=frozenset(f"{prefix}{path}" for path in UPLOAD_PATHS),
         upload_max_body_size=max(settings.max_body_size, MAX_BODY_BYTES),

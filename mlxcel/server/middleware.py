@@ -5,7 +5,8 @@ disconnects). Checks run in this order, each answering in the OpenAI error shape
 Anthropic shape on the Messages routes, whose SDK sends its key as `x-api-key`):
 
 1. request headers over `max_header_bytes` -> 431;
-2. with API keys configured, every path but the public ones (`/health`, `/`) needs
+2. with API keys configured, every path but the public ones (`/health`, `/`) and the
+   keyless ones (`/models`, `/v1/models`, public in llama-server) needs
    `Authorization: Bearer <key>` (or the raw key, or `X-Api-Key`) -> 401
    `missing_api_key` / `invalid_api_key`; keys are compared in constant time and never
    read from the query string;
@@ -72,6 +73,7 @@ class RequestGuard:
         api_keys: ApiKeys,
         public_paths: Iterable[str],
         max_body_size: int,
+        keyless_paths: Iterable[str] = (),
         is_loading: Callable[[], bool] = lambda: False,
         upload_paths: frozenset[str] = frozenset(),
         upload_max_body_size: int = 0,
@@ -80,6 +82,7 @@ class RequestGuard:
         self.app = app
         self.api_keys = api_keys
         self.public_paths = frozenset(public_paths)
+        self.keyless_paths = frozenset(keyless_paths)
         self.max_body_size = max_body_size
         self.upload_paths = upload_paths
         self.upload_max_body_size = upload_max_body_size
@@ -105,7 +108,8 @@ class RequestGuard:
             return
         lookup = _header_lookup(headers)
         public = scope["path"] in self.public_paths
-        if not public and self.api_keys.enabled:
+        keyless = public or scope["path"] in self.keyless_paths
+        if not keyless and self.api_keys.enabled:
             failure = self.api_keys.check(lookup("authorization"), lookup("x-api-key"))
             if failure is not None:
                 message = "Missing API key" if failure == "missing_api_key" else "Invalid API Key"

@@ -32,6 +32,7 @@ class RequestCounters:
     predicted_seconds_total: float = 0.0  # timings.predicted_ms
     draft_tokens: int = 0  # timings.draft_n
     draft_tokens_accepted: int = 0  # timings.draft_n_accepted
+    draft_rounds: int = 0  # timings.draft_rounds
 
     def record(self, final: GenerationEvent, seconds: float) -> None:
         """Count one request that finished normally with the final event `final`."""
@@ -51,6 +52,12 @@ class RequestCounters:
         self.predicted_seconds_total += timings.predicted_ms / 1000
         self.draft_tokens += timings.draft_n
         self.draft_tokens_accepted += timings.draft_n_accepted
+        self.draft_rounds += timings.draft_rounds
+
+    def record_prompt(self, tokens: int, seconds: float) -> None:
+        """Count a prompt evaluated without generation (an embedding request)."""
+        self.prompt_tokens_processed += tokens
+        self.prompt_seconds_total += seconds
 
 
 @dataclass

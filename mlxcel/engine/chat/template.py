@@ -192,13 +192,17 @@ class ChatTemplate:
         """Render `messages`; `template_kwargs` and extra `kwargs` (chat_template_kwargs)
         reach the template, except the reserved names, which raise TemplateError.
 
+        As llama.cpp, the template also sees today's date (the server's local clock) as
+        `date_string` ("05 Dec 2026", which Llama 3.x templates print) and `datetime`
+        ("Dec 05 2026"); a chat_template_kwargs value of the same name wins.
+
         Pass request kwargs as `template_kwargs`: spread with `**`, a key such as "tools"
         would bind to the parameter instead of being refused.
         `tools` and `documents` stay undefined in the template when None or empty.
         """
         extra = {**(template_kwargs or {}), **kwargs}
         self.check_kwargs(extra)
-        context: dict[str, Any] = extra
+        context: dict[str, Any] = {**_date_context(), **extra}
         context.update(self.extra_special)
         context["messages"] = messages
         context["add_generation_prompt"] = add_generation_prompt
@@ -284,6 +288,12 @@ def _raise_exception(message: Any = "") -> NoReturn:
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(str(fmt))
+
+
+def _date_context() -> dict[str, str]:
+    """llama.cpp's extra template variables: today's date in its two formats."""
+    now = datetime.now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
 
 
 def _tojson(

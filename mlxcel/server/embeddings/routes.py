@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse
 
 from mlxcel.server.embeddings.protocol import (
@@ -15,13 +17,35 @@ from mlxcel.server.embeddings.protocol import (
 from mlxcel.server.embeddings.services import get_embedding_service
 from mlxcel.server.embeddings.serving import EmbeddingService, native_response, openai_response
 from mlxcel.server.errors import bad_request
+from mlxcel.server.json_body import JsonBodyRoute
 
-router = APIRouter()
+if TYPE_CHECKING:
+    from mlxcel.engine.embeddings.embedder import EmbeddingOutput
+    from mlxcel.server.embeddings.protocol import EmbeddingItem
+
+router = APIRouter(route_class=JsonBodyRoute)
+
+
+async def _embed(
+    request: Request,
+    service: EmbeddingService,
+    inputs: Sequence[EmbeddingItem],
+    **options: Any,
+) -> EmbeddingOutput:
+    """Run `inputs`, counting their tokens as processed prompt tokens for `/metrics`."""
+    started = time.perf_counter()
+    output = await service.embed(inputs, **options)
+    state = getattr(request.app.state, "mlxcel", None)
+    if state is not None:
+        state.counters.record_prompt(output.prompt_tokens, time.perf_counter() - started)
+    return output
 
 
 @router.post("/v1/embeddings")
 async def create_embeddings(
-    body: OpenAIEmbeddingRequest, service: EmbeddingService = Depends(get_embedding_service)
+    body: OpenAIEmbeddingRequest,
+    request: Request,
+    service: EmbeddingService = Depends(get_embedding_service),
 ) -> JSONResponse:
     """OpenAI embeddings: one pooled vector per input, floats or base64 float32."""
     if service.pooling == "none":
@@ -29,7 +53,9 @@ async def create_embeddings(
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
         )
     inputs = embedding_inputs(body.input, max_inputs=service.max_inputs)
-    output = await service.embed(
+    output = await _embed(
+        request,
+        service,
         inputs,
         normalize=body.embd_normalize,
         truncate=body.truncate,
@@ -41,25 +67,33 @@ async def create_embeddings(
     return JSONResponse(payload)
 
 
-async def _native(body: NativeEmbeddingRequest, service: EmbeddingService) -> JSONResponse:
+async def _native(
+    body: NativeEmbeddingRequest, request: Request, service: EmbeddingService
+) -> JSONResponse:
     field = "content" if body.content is not None else "input"
     inputs = embedding_inputs(body.items(), field=field, max_inputs=service.max_inputs)
-    output = await service.embed(inputs, normalize=body.embd_normalize, truncate=body.truncate)
+    output = await _embed(
+        request, service, inputs, normalize=body.embd_normalize, truncate=body.truncate
+    )
     payload: Any = native_response(output)
     return JSONResponse(payload)
 
 
 @router.post("/embedding")
 async def native_embedding(
-    body: NativeEmbeddingRequest, service: EmbeddingService = Depends(get_embedding_service)
+    body: NativeEmbeddingRequest,
+    request: Request,
+    service: EmbeddingService = Depends(get_embedding_service),
 ) -> JSONResponse:
     """llama-server's /embedding: `[{index, embedding: [[...]]}]`."""
-    return await _native(body, service)
+    return await _native(body, request, service)
 
 
 @router.post("/embeddings")
 async def native_embeddings(
-    body: NativeEmbeddingRequest, service: EmbeddingService = Depends(get_embedding_service)
+    body: NativeEmbeddingRequest,
+    request: Request,
+    service: EmbeddingService = Depends(get_embedding_service),
 ) -> JSONResponse:
     """llama-server's /embeddings (same shape as /embedding; not the OpenAI one)."""
-    return await _native(body, service)
+    return await _native(body, request, service)

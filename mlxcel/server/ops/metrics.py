@@ -1,9 +1,13 @@
 """Prometheus text for GET /metrics: the spec's `mlxcel_*` families and llama-server's own.
 
-The `mlxcel_*` names, help and types are the spec's; the `llamacpp:*` families carry
-llama-server's names so that dashboards built for it keep working. The request and token
-counters of both are the sums of what the finished requests' `usage` and `timings` said
-(`RequestCounters`, counted by `mlxcel.server.generation` on every route); the slot, queue
+The `mlxcel_*` names, help and types are the spec's; the `llamacpp:*` families are
+llama-server's (names, help text, counter or gauge, in its order), so that dashboards and
+scrapers built for it keep working, plus the prompt-cache pair newer llama-servers add
+(`prompt_tokens_cache_total`, `prompt_cache_hit_ratio`). The request and token counters of
+both are the sums of what the finished requests' `usage` and `timings` said
+(`RequestCounters`, counted by `mlxcel.server.generation` on every route; embedding
+prompts count as processed prompt tokens); as in llama-server, generation time starts at
+the first token, so the generation rate leaves the first token's wait out. The slot, queue
 and batch families come from the engine's snapshot.
 """
 
@@ -52,8 +56,9 @@ def render(families: list[Family]) -> str:
     return "\n".join(blocks)
 
 
-def _rate(amount: float, seconds: float) -> float:
-    return amount / seconds if seconds > 0 else 0.0
+def _ratio(amount: float, per: float) -> float:
+    """`amount / per`, 0 when `per` is 0 (a gauge never reads NaN)."""
+    return amount / per if per > 0 else 0.0
 
 
 def collect(state: ServerState) -> list[Family]:
@@ -135,90 +140,101 @@ def collect(state: ServerState) -> list[Family]:
         Family("mlxcel_batch_current_size", "gauge", "Current active batch size", busy),
         Family("mlxcel_cache_pool_active", "gauge", "Active cache entries", busy),
     ]
+    processed = http.prompt_tokens_processed
+    cached = http.prompt_tokens_cached
+    # llama-server's families, names, help and order (its counters, then its gauges), then
+    # the prompt-cache pair newer llama-servers add.
     llama = [
         Family(
             "llamacpp:prompt_tokens_total",
             "counter",
-            "Number of prompt tokens processed, excluding cached tokens",
-            http.prompt_tokens_processed,
+            "Number of prompt tokens processed.",
+            processed,
         ),
-        Family(
-            "llamacpp:prompt_tokens_cached_total",
-            "counter",
-            "Number of prompt tokens reused from the cache",
-            http.prompt_tokens_cached,
-        ),
-        Family(
-            "llamacpp:prompt_seconds_total",
-            "counter",
-            "Total time spent processing prompts",
-            prompt_seconds,
-        ),
+        Family("llamacpp:prompt_seconds_total", "counter", "Prompt process time", prompt_seconds),
         Family(
             "llamacpp:tokens_predicted_total",
             "counter",
-            "Number of generation tokens processed",
+            "Number of generation tokens processed.",
             http.tokens_predicted,
         ),
         Family(
             "llamacpp:tokens_predicted_seconds_total",
             "counter",
-            "Total time spent generating tokens",
+            "Predict process time",
             predicted_seconds,
         ),
         Family(
             "llamacpp:n_decode_total",
             "counter",
-            "Number of batched decode steps (one forward over every decoding slot)",
+            "Total number of llama_decode() calls",
             decode_steps,
         ),
         Family(
             "llamacpp:n_tokens_max",
             "counter",
-            "Largest observed sequence length (prompt + generation)",
+            "Largest observed n_tokens.",
             engine_value("n_tokens_max"),
         ),
         Family(
             "llamacpp:spec_decode_num_draft_tokens_total",
             "counter",
-            "Speculative: total draft tokens generated",
+            "Total draft tokens generated",
             http.draft_tokens,
         ),
         Family(
             "llamacpp:spec_decode_num_accepted_tokens_total",
             "counter",
-            "Speculative: total draft tokens accepted by the target model",
+            "Total draft tokens accepted by the target model",
             http.draft_tokens_accepted,
         ),
         Family(
-            "llamacpp:n_busy_slots_per_decode",
-            "gauge",
-            "Average number of busy slots per decode step",
-            _rate(busy_per_decode, decode_steps) if busy_per_decode else float(busy),
+            "llamacpp:spec_decode_num_drafts_total",
+            "counter",
+            "Total speculative decoding verification steps",
+            http.draft_rounds,
         ),
         Family(
             "llamacpp:prompt_tokens_seconds",
             "gauge",
-            "Average prompt throughput in tokens/s",
-            _rate(http.prompt_tokens_processed, prompt_seconds),
+            "Average prompt throughput in tokens/s.",
+            _ratio(processed, prompt_seconds),
         ),
         Family(
             "llamacpp:predicted_tokens_seconds",
             "gauge",
-            "Average generation throughput in tokens/s",
-            _rate(http.tokens_predicted, predicted_seconds),
+            "Average generation throughput in tokens/s.",
+            _ratio(http.tokens_predicted, predicted_seconds),
         ),
         Family(
             "llamacpp:requests_processing",
             "gauge",
-            "Number of requests processing",
+            "Number of requests processing.",
             busy,
         ),
         Family(
             "llamacpp:requests_deferred",
             "gauge",
-            "Number of requests deferred (waiting in the prefill queue)",
+            "Number of requests deferred.",
             queued,
+        ),
+        Family(
+            "llamacpp:n_busy_slots_per_decode",
+            "gauge",
+            "Average number of busy slots per llama_decode() call",
+            busy_per_decode / max(decode_steps, 1),
+        ),
+        Family(
+            "llamacpp:prompt_tokens_cache_total",
+            "counter",
+            "Number of prompt tokens reused from the prompt cache.",
+            cached,
+        ),
+        Family(
+            "llamacpp:prompt_cache_hit_ratio",
+            "gauge",
+            "Share of prompt tokens served from the prompt cache.",
+            _ratio(cached, cached + processed),
         ),
     ]
     return ours + llama

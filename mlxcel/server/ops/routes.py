@@ -7,7 +7,6 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
@@ -258,9 +257,11 @@ def _metrics_response(state: ServerState) -> PlainTextResponse:
 
 @router.get("/metrics")
 async def metrics(state: ServerState = Depends(get_state)) -> PlainTextResponse:
-    """Prometheus metrics; without `--metrics`/`--metrics-port` the route does not exist."""
+    """Prometheus metrics; without `--metrics`/`--metrics-port` 501, as llama-server."""
     if not metrics_enabled(state.settings):
-        raise StarletteHTTPException(404)
+        raise _not_supported(
+            "This server does not support metrics endpoint. Start it with `--metrics`"
+        )
     return _metrics_response(state)
 
 

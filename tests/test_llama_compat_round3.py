@@ -1,0 +1,197 @@
+"""llama-server fidelity of issue 34 (items 6 and 7), through real `mlxcel serve` processes.
+
+`/metrics` counters against what the answers report (predicted tokens and times, embedding
+prompts); `/models` and `/v1/models` without an API key, as llama-server's public
+endpoints; a streamed chat whose prompt overflows the context refused before the stream
+starts; today's `date_string` in chat templates (llama.cpp's extra template context).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_harness import AUTH, main_server_args, serve, shared_server
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+from test_server_ops import metric_values
+
+from mlxcel.engine.chat.template import ChatTemplate
+from mlxcel.server.middleware import ApiKeys, RequestGuard
+
+PREDICTED = "llamacpp:tokens_predicted_total"
+PREDICTED_SECONDS = "llamacpp:tokens_predicted_seconds_total"
+PROMPT = "llamacpp:prompt_tokens_total"
+PROMPT_SECONDS = "llamacpp:prompt_seconds_total"
+
+
+@pytest.fixture
+def http(tiny_llama_dir: Path) -> Iterator[httpx.Client]:
+    """The shared main server (`--api-key`, `--metrics`, 4 slots of 1024 tokens), keyed."""
+    with shared_server(main_server_args(tiny_llama_dir)).client(headers=AUTH) as client:
+        yield client
+
+
+def _sse(response: httpx.Response) -> list[Any]:
+    return [
+        json.loads(line[6:])
+        for line in response.text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
+# ----------------------------------------------------------------------------- /metrics
+
+
+def test_predicted_totals_are_the_sum_of_the_answers(http: httpx.Client) -> None:
+    """`tokens_predicted_total` grows by the completion tokens the answers report, and the
+    time counters by their `timings` (generation time starts at the first token, so the
+    rate leaves the first token's wait out, as llama-server's `t_token_generation`)."""
+    before = metric_values(http)
+    native = {"prompt": "Count the tokens", "n_predict": 3, "ignore_eos": True}
+    answers = [http.post("/completion", json={**native, "n_predict": n}).json() for n in (1, 3)]
+    chat = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 2,
+        "n": 2,
+        "ignore_eos": True,
+    }
+    many = http.post("/v1/chat/completions", json=chat).json()
+    streamed = http.post(
+        "/v1/chat/completions",
+        json={
+            **chat,
+            "n": 1,
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    (usage,) = [c["usage"] for c in _sse(streamed) if c.get("usage")]
+    after = metric_values(http)
+    completion = sum(a["tokens_predicted"] for a in answers)
+    completion += many["usage"]["completion_tokens"] + usage["completion_tokens"]
+    assert completion == 1 + 3 + 2 * 2 + 4
+    assert after[PREDICTED] - before[PREDICTED] == completion
+    # The native answers' own generation and prompt times are summed in seconds.
+    native_predicted = sum(a["timings"]["predicted_ms"] for a in answers) / 1000
+    native_prompt = sum(a["timings"]["prompt_ms"] for a in answers) / 1000
+    moved_predicted = after[PREDICTED_SECONDS] - before[PREDICTED_SECONDS]
+    moved_prompt = after[PROMPT_SECONDS] - before[PROMPT_SECONDS]
+    assert moved_predicted >= native_predicted - 1e-9
+    assert moved_prompt >= native_prompt - 1e-9
+    # The rate gauges are the totals' quotients, as llama-server computes them.
+    assert after["llamacpp:predicted_tokens_seconds"] == pytest.approx(
+        after[PREDICTED] / after[PREDICTED_SECONDS]
+    )
+    assert after["llamacpp:prompt_tokens_seconds"] == pytest.approx(
+        after[PROMPT] / after[PROMPT_SECONDS]
+    )
+
+
+def test_embedding_prompts_count_as_processed_prompt_tokens() -> None:
+    """Embedding inputs are prompts the model evaluates: counted in `prompt_tokens_total`
+    (OpenAI and native routes alike), with their time in `prompt_seconds_total`."""
+    text = "A man is eating food."
+    with serve(["--embedding", "--metrics"]) as server, server.client() as http:
+        before = metric_values(http)
+        one = http.post("/v1/embeddings", json={"input": text})
+        two = http.post("/v1/embeddings", json={"input": [text, "A cat."]})
+        native = http.post("/embedding", json={"content": text})
+        assert native.status_code == 200, native.text
+        after = metric_values(http)
+    evaluated = one.json()["usage"]["prompt_tokens"]  # the native input's count too
+    assert evaluated > 0
+    expected = evaluated + two.json()["usage"]["prompt_tokens"] + evaluated
+    assert after[PROMPT] - before[PROMPT] == expected
+    assert after[PROMPT_SECONDS] > before[PROMPT_SECONDS]
+
+
+# ----------------------------------------------------------------------- public routes
+
+
+def test_models_are_public_as_in_llama_server(http: httpx.Client) -> None:
+    """llama-server's public endpoints: `/health`, `/models`, `/v1/models` need no key;
+    every other route still does."""
+    with httpx.Client(base_url=http.base_url, timeout=60) as anon:
+        for path in ("/models", "/v1/models"):
+            listed = anon.get(path)
+            assert listed.status_code == 200, listed.text
+            assert listed.json()["data"][0]["object"] == "model"
+        assert anon.get("/health").status_code == 200
+        for method, path in (("GET", "/props"), ("POST", "/v1/chat/completions")):
+            refused = anon.request(method, path, json={"messages": []})
+            assert refused.status_code == 401, path
+            assert refused.json()["error"]["type"] == "missing_api_key"
+
+
+def test_keyless_paths_still_wait_for_the_model() -> None:
+    """A keyless path needs no key but answers 503 while the model loads (llama-server
+    lets only its web UI through then); the public ones answer at once."""
+
+    async def ok(_: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    inner = Starlette(routes=[Route("/v1/models", ok), Route("/health", ok)])
+    guarded = RequestGuard(
+        inner,
+        api_keys=ApiKeys(["secret"]),
+        public_paths={"/health"},
+        keyless_paths={"/v1/models"},
+        max_body_size=1024,
+        is_loading=lambda: True,
+    )
+    with TestClient(guarded) as client:
+        assert client.get("/health").status_code == 200
+        loading = client.get("/v1/models")
+        assert loading.status_code == 503 and loading.json()["error"]["type"] == "server_busy"
+
+
+# -------------------------------------------------------------------- context overflow
+
+
+def test_streamed_chat_over_the_context_is_a_400_before_the_stream(http: httpx.Client) -> None:
+    """As llama-server: the overflow is a plain JSON 400 (with `n_prompt_tokens` and
+    `n_ctx`), not an SSE stream that fails later."""
+    messages = [
+        {"role": "system", "content": "Book"},
+        {"role": "user", "content": "What is the best book"},
+    ] * 200
+    with http.stream(
+        "POST", "/v1/chat/completions", json={"messages": messages, "stream": True}
+    ) as response:
+        body = json.loads(response.read())
+    assert response.status_code == 400
+    assert response.headers["content-type"].startswith("application/json")
+    error = body["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["n_prompt_tokens"] > error["n_ctx"] > 0
+
+
+# ------------------------------------------------------------------ date in templates
+
+LLAMA3_DATE = (
+    '{%- if not date_string is defined %}{%- set date_string = "26 Jul 2024" %}{%- endif %}'
+    "Today Date: {{ date_string }}|{{ datetime }}"
+)
+
+
+def test_templates_see_today_as_llama_cpp_passes_it() -> None:
+    """llama.cpp gives every Jinja template `date_string` ("%d %b %Y", which Llama 3.x
+    templates print instead of their "26 Jul 2024" default) and `datetime` ("%b %d %Y")
+    from the server's clock; a chat_template_kwargs value wins."""
+    template = ChatTemplate(LLAMA3_DATE, bos_token="", eos_token="")
+    days = {datetime.now()}
+    text = template.render([{"role": "user", "content": "What is today?"}])
+    days.add(datetime.now())  # the render may straddle midnight
+    expected = {f"Today Date: {d:%d %b %Y}|{d:%b %d %Y}" for d in days}
+    assert text in expected
+    given = template.render([], template_kwargs={"date_string": "1 Jan 2025"})
+    assert given.startswith("Today Date: 1 Jan 2025|")
