@@ -700,7 +700,7 @@ def test_conversion_of_blocks() -> None:
     [
         ({"messages": USER}, "max_tokens"),
         ({"max_tokens": 0, "messages": USER}, "max_tokens"),
-        ({"max_tokens": 5, "messages": []}, "messages"),
+        ({"max_tokens": 5, "messages": "Hi"}, "messages"),
         ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "role"),
         (
             {"max_tokens": 5, "messages": USER, "tools": [WEATHER], "tool_choice": {"type": "x"}},

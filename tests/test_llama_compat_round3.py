@@ -195,3 +195,27 @@ def test_templates_see_today_as_llama_cpp_passes_it() -> None:
     assert text in expected
     given = template.render([], template_kwargs={"date_string": "1 Jan 2025"})
     assert given.startswith("Today Date: 1 Jan 2025|")
+
+
+# ----------------------------------------------------------------- Anthropic Messages
+
+
+def test_anthropic_empty_messages_are_accepted_as_llama_server(http: httpx.Client) -> None:
+    """llama-server generates from an empty conversation (the template rendered without
+    turns) instead of refusing it as Anthropic's API does."""
+    body = {"model": "test", "max_tokens": 4, "messages": []}
+    answer = http.post("/v1/messages", json=body)
+    assert answer.status_code == 200, answer.text
+    message = answer.json()
+    assert message["type"] == "message" and message["role"] == "assistant"
+    assert message["usage"]["input_tokens"] + message["usage"]["cache_read_input_tokens"] > 0
+    with_system = http.post("/v1/messages", json={**body, "system": "Be brief."})
+    assert with_system.status_code == 200, with_system.text
+    streamed = http.post("/v1/messages", json={**body, "stream": True})
+    assert streamed.status_code == 200
+    assert "event: message_stop" in streamed.text
+    counted = http.post("/v1/messages/count_tokens", json={"model": "test", "messages": []})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    # what is not a list of turns stays a 400
+    refused = http.post("/v1/messages", json={**body, "messages": "Hi"})
+    assert refused.status_code == 400 and refused.json()["type"] == "error"

@@ -376,6 +376,10 @@ def to_chat_request(body: CountTokensRequest, *, images: bool = True) -> ChatCom
             if value is not None:
                 payload[name] = value
     try:
-        return ChatCompletionRequest.model_validate(payload)
+        if payload["messages"]:
+            return ChatCompletionRequest.model_validate(payload)
+        # An empty conversation: validated with one placeholder turn, rendered without any.
+        placeholder = {**payload, "messages": [{"role": "user", "content": ""}]}
+        return ChatCompletionRequest.model_validate(placeholder).model_copy(update={"messages": []})
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None

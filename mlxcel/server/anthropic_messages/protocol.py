@@ -29,7 +29,9 @@ class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    messages: list[InputMessage] = Field(min_length=1)
+    # llama-server accepts an empty conversation (the template renders without messages);
+    # Anthropic's API refuses it.
+    messages: list[InputMessage]
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
