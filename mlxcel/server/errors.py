@@ -266,9 +266,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # Never leak paths or tracebacks: the type name is enough for a bug report.
+        # Never leak paths or tracebacks: the type name is enough for a bug report. The
+        # server closes the connection after an unexpected error: say so to the client.
         return error_response(
-            APIError(500, f"internal error ({type(exc).__name__})", "server_error"),
+            APIError(
+                500,
+                f"internal error ({type(exc).__name__})",
+                "server_error",
+                headers={"Connection": "close"},
+            ),
             anthropic=anthropic_scope(request.scope),
         )
 

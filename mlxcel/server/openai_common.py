@@ -5,7 +5,6 @@ shapes (`usage`, logprob entries, the speculative `timings`) that several famili
 
 from __future__ import annotations
 
-import json
 import secrets
 import string
 import time
@@ -16,8 +15,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
-from mlxcel.server.errors import bad_request
 from mlxcel.server.errors import scrub_paths as scrub_paths  # re-exported (runner.py uses it)
+from mlxcel.server.json_body import read_json_body
 from mlxcel.server.sse import sse_data
 
 if TYPE_CHECKING:
@@ -37,15 +36,10 @@ def new_id(prefix: str) -> str:
 async def parse_body(request: Request, model: type[M]) -> M:
     """The JSON body as `model`, whatever the Content-Type (llama-server ignores it too).
 
-    Malformed JSON and validation failures are 400 `invalid_request_error`.
+    The body is read by `read_json_body` (bad JSON, too deep, not valid Unicode: 400);
+    validation failures are 400 `invalid_request_error` too.
     """
-    raw = await request.body()
-    try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("request body is not valid JSON") from None
-    except RecursionError:  # thousands of nested arrays/objects: refuse, never a 500
-        raise bad_request("request body is nested too deeply") from None
+    payload = await read_json_body(request)
     try:
         return model.model_validate(payload)
     except ValidationError as exc:

@@ -33,11 +33,12 @@ from mlxcel.server.audio.serving import (
     transcription_response,
 )
 from mlxcel.server.errors import APIError, bad_request
+from mlxcel.server.json_body import JsonBodyRoute
 
 if TYPE_CHECKING:
     from mlxcel.engine.workers.audio import AudioWorker
 
-router = APIRouter()
+router = APIRouter(route_class=JsonBodyRoute)
 
 UPLOAD_PATHS = (
     "/v1/audio/transcriptions",

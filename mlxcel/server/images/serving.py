@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 import secrets
 import time
@@ -23,6 +22,7 @@ from mlxcel.server.images.protocol import (
     ImageInput,
     ImagesResponse,
 )
+from mlxcel.server.json_body import read_json_body
 
 if TYPE_CHECKING:
     from mlxcel.engine.image import GeneratedPicture, ImageJob
@@ -67,11 +67,7 @@ async def read_json(request: Request, model: type[BaseModel]) -> Any:
         raise APIError(
             415, MULTIPART_MESSAGE, "invalid_request_error", code="unsupported_media_type"
         )
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("the request body is not valid JSON") from None
+    body = await read_json_body(request)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     for name in FILE_FIELDS:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from mlxcel.engine.cpu_kernels.build import kernel_status
 from mlxcel.engine.defaults import sampling_from_settings
 from mlxcel.server.errors import APIError, bad_request, install_error_handlers, server_busy
 from mlxcel.server.health import supports_tools
+from mlxcel.server.json_body import decode_json_body
 from mlxcel.server.llama_native.protocol import default_settings_flat, sampling_params_view
 from mlxcel.server.ops.cache import reset_payload, stats_payload
 from mlxcel.server.ops.metrics import CONTENT_TYPE, metrics_text
@@ -134,10 +134,7 @@ async def set_props(raw: Request, state: ServerState = Depends(get_state)) -> di
         )
     body = await raw.body()
     if body.strip():
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            raise bad_request("request body is not valid JSON") from None
+        parsed = decode_json_body(body)
         if not isinstance(parsed, dict):
             raise bad_request("request body must be a JSON object")
     return {"success": True}

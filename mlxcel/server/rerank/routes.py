@@ -8,10 +8,11 @@ from fastapi import APIRouter, Depends
 from starlette.responses import JSONResponse
 
 from mlxcel.server.embeddings.services import get_rerank_service
+from mlxcel.server.json_body import JsonBodyRoute
 from mlxcel.server.rerank.protocol import RerankRequest
 from mlxcel.server.rerank.serving import RerankService, jina_response, tei_response
 
-router = APIRouter()
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 @router.post("/v1/rerank")

@@ -1,0 +1,132 @@
+"""Reading a request's JSON body: the one place every JSON body the server takes is parsed.
+
+`read_json_body` (and `decode_json_body` under it) answers 400 `invalid_request_error` for a
+body that is not JSON, is nested more than `MAX_JSON_DEPTH` levels, or holds a string that
+is not valid Unicode (a lone UTF-16 surrogate such as `"\\ud800"`: valid JSON, but no text,
+and the tokenizers and the UTF-8 encoder refuse it). Routes read their body through it,
+directly (`openai_common.parse_body`, /props, ...) or, for routes whose body FastAPI parses
+into a typed parameter, through `JsonBodyRoute` on their router.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi.routing import APIRoute
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mlxcel.server.errors import APIError, bad_request
+
+MAX_JSON_DEPTH = 128
+"""Deepest nesting of arrays and objects a request body may have (a JSON schema in a
+request needs a few dozen levels at most); deeper is a 400 before anything walks it."""
+
+# A `\u` escape of a UTF-16 surrogate (D800-DFFF) somewhere in the raw body: only then can
+# a decoded string hold a lone surrogate, so only then are the strings checked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
+
+
+def decode_json_body(raw: bytes) -> Any:
+    """The JSON value of `raw`; APIError 400 naming the problem when it is not acceptable."""
+    try:
+        payload = json.loads(raw)
+    except RecursionError:
+        raise _too_deep() from None
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("request body is not valid JSON") from None
+    check_surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+    check_depth = raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+    if check_surrogates or check_depth:
+        _inspect(payload, surrogates=check_surrogates)
+    return payload
+
+
+async def read_json_body(request: Request) -> Any:
+    """The request's body decoded by `decode_json_body` (the body is read once)."""
+    return decode_json_body(await request.body())
+
+
+def _too_deep() -> APIError:
+    return bad_request(
+        f"request body is nested too deeply: at most {MAX_JSON_DEPTH} levels of arrays and objects"
+    )
+
+
+def _inspect(payload: Any, *, surrogates: bool) -> None:
+    """Walk `payload` without recursion: 400 past MAX_JSON_DEPTH, or (with `surrogates`)
+    for the first string or key holding a lone surrogate, naming where it is."""
+    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(payload, 0, ())]
+    while stack:
+        node, depth, path = stack.pop()
+        if isinstance(node, str):
+            if surrogates and not node.isascii():
+                _check_text(node, path)
+            continue
+        if isinstance(node, dict):
+            children: Any = node.items()
+        elif isinstance(node, list):
+            children = enumerate(node)
+        else:
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise _too_deep()
+        for key, child in children:
+            if surrogates and isinstance(key, str) and not key.isascii():
+                _check_text(key, path)
+            if isinstance(child, (str, dict, list)):
+                stack.append((child, depth + 1, (*path, key)))
+
+
+def _check_text(text: str, path: tuple[str | int, ...]) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        where = f" at {_location(path)}" if path else ""
+        raise bad_request(
+            f"request body is not valid Unicode: the string{where} holds a lone surrogate "
+            f"\\u{code:04x} (half of a UTF-16 pair); pair a \\ud800-\\udbff escape with a "
+            "\\udc00-\\udfff one or send the character itself"
+        ) from None
+
+
+def _location(path: tuple[str | int, ...]) -> str:
+    """`messages[0].content` for ('messages', 0, 'content')."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+class _ParsedJsonRequest(Request):
+    """A request whose `json()` is the payload `read_json_body` already decoded."""
+
+    payload: Any = None
+
+    async def json(self) -> Any:
+        return self.payload
+
+
+class JsonBodyRoute(APIRoute):
+    """A route whose typed JSON body parameter FastAPI fills from `read_json_body`, so the
+    body gets the same limits and 400s as every other route's. Form bodies pass as they are.
+    Use it as the router's `route_class`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def parsed_first(request: Request) -> Response:
+            parsed = _ParsedJsonRequest(request.scope, request.receive)
+            content_type = parsed.headers.get("content-type", "").lower()
+            if not content_type.startswith(_FORM_TYPES) and (await parsed.body()).strip():
+                parsed.payload = await read_json_body(parsed)
+            return await handler(parsed)
+
+        return parsed_first
