@@ -455,7 +455,7 @@ def test_detokenize_out_of_vocabulary(http: httpx.Client) -> None:
     ok = tokenize(http, "Hi", add_special=False)
     for bad in (-1, 2**40, 2**63 + 5):
         response = http.post("/detokenize", json={"tokens": [*ok, bad, -5]})
-        message = error_of(response, 500, "server_error")
+        message = error_of(response, 400, "invalid_request_error")
         assert message.startswith(f"token id {bad} is out of vocabulary range (vocab_size ")
         assert "content" not in response.json()
     error_of(http.post("/detokenize", json={"tokens": ["a"]}), 400, "invalid_request_error")

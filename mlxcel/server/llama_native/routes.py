@@ -49,7 +49,7 @@ async def tokenize(raw: Request, state: ServerState = Depends(get_state)) -> dic
 
 @router.post("/detokenize")
 async def detokenize(raw: Request, state: ServerState = Depends(get_state)) -> dict[str, Any]:
-    """Text of `tokens`; an out-of-vocabulary id is a 500 `server_error`."""
+    """Text of `tokens`; an out-of-vocabulary id is a 400 naming it and the vocabulary size."""
     body = await parse_body(raw, DetokenizeRequest)
     return await NativeServing(state).detokenize(body.tokens)
 

@@ -67,15 +67,12 @@ def piece_value(tokenizer: Tokenizer, token_id: int) -> str | list[int]:
 
 
 def check_token_ids(tokenizer: Tokenizer, ids: list[int]) -> None:
-    """500 `server_error` for the first id outside the vocabulary (llama-server's answer)."""
+    """400 `invalid_request_error` naming the first id outside the vocabulary and the
+    vocabulary's size (llama-server answers 500: the request is at fault, not the server)."""
     vocab = tokenizer.vocab_size
     for token in ids:
-        if token < 0 or token >= vocab:
-            raise APIError(
-                500,
-                f"token id {token} is out of vocabulary range (vocab_size {vocab})",
-                "server_error",
-            )
+        if not tokenizer.is_valid_id(token):
+            raise bad_request(f"token id {token} is out of vocabulary range (vocab_size {vocab})")
 
 
 class NativeServing:

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from mlxcel.server.errors import bad_request
+from mlxcel.server.json_body import read_json_body
 from mlxcel.server.openai_common import parse_body
 from mlxcel.server.openai_responses.protocol import ResponsesRequest
 from mlxcel.server.openai_responses.serving import ResponsesServing
@@ -37,12 +37,7 @@ async def create_response(raw: Request, state: ServerState = Depends(get_state))
 @router.post("/responses/compact")
 async def compact_history(raw: Request, state: ServerState = Depends(get_state)) -> Response:
     """Summarize older turns of `input` into one compaction item (nothing is stored)."""
-    try:
-        payload = await raw.json()
-    except ValueError:
-        raise bad_request("the request body is not valid JSON") from None
-    except RecursionError:
-        raise bad_request("the request body is nested too deeply") from None
+    payload = await read_json_body(raw)
     return await serving_for(raw, state).compact(payload, raw)
 
 
