@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -51,7 +52,12 @@ def _kill_leftovers() -> None:
 atexit.register(_kill_leftovers)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(rlimits: Mapping[int, tuple[int, int]] | None = None) -> None:
+    """Runs in the child between fork and exec: `rlimits` applied, SIGTERM at parent death."""
+    import resource
+
+    for which, limits in (rlimits or {}).items():
+        resource.setrlimit(which, limits)
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -70,8 +76,12 @@ class ServeProcess:
         add_address: bool = True,
         cwd: str | Path | None = None,
         health_path: str = "/health",
+        rlimits: Mapping[int, tuple[int, int]] | None = None,
     ) -> None:
+        """`rlimits`: resource limits (`resource.RLIMIT_*` -> (soft, hard)) the server starts
+        under."""
         self.args = list(args)
+        self.rlimits = dict(rlimits or {})
         if add_address:
             self.args += ["--host", "127.0.0.1", "--port", "0"]
         self.env = {**os.environ, **(env or {})}
@@ -94,7 +104,7 @@ class ServeProcess:
             stderr=subprocess.PIPE,
             env=self.env,
             cwd=self.cwd,
-            preexec_fn=_die_with_parent,
+            preexec_fn=functools.partial(_die_with_parent, self.rlimits),
         )
         _live.add(self.proc)
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)

@@ -18,6 +18,7 @@ keyed by the file's sha256, and later loads read that instead.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import json
 import logging
@@ -151,6 +152,8 @@ def load_gguf(
             try:
                 return load_converted(entry)
             except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                if not entry_damaged(exc):
+                    raise  # no file limit, permission, ...: the entry may be fine, keep it
                 log.warning("store entry %s unreadable (%s); converting again", entry, exc)
                 with contextlib.suppress(OSError, KeyError):
                     store.remove(entry.name)
@@ -167,6 +170,18 @@ def load_gguf(
         except OSError as exc:  # a full disk or read-only store: the model is loaded anyway
             log.warning("could not save %s to the model store: %s", path.name, exc)
     return result
+
+
+_MISSING = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR})
+
+
+def entry_damaged(exc: BaseException) -> bool:
+    """Whether reading a store entry failed because the entry itself is damaged (a file
+    missing, truncated or not what was written) rather than for a reason of this process
+    or system (out of file descriptors or memory, no permission, an I/O error)."""
+    if isinstance(exc, OSError):
+        return exc.errno in _MISSING
+    return True
 
 
 def read_gguf_header(path: Path | str) -> GGUFHeader:
