@@ -459,19 +459,20 @@ def test_response_format_rules() -> None:
     assert schema_from_response_format(None) is None
     assert schema_from_response_format({"type": "text"}) is None
     assert schema_from_response_format({}) is None
-    assert schema_from_response_format({"type": "text"}, native=True) is None
-    for bad, native in [
-        ({"type": "json_object"}, False),
-        ({"type": "json_schema"}, False),
-        ({"type": "json_schema", "json_schema": {"name": "r"}}, False),
-        ({"type": "json_schema", "json_schema": {"schema": [1]}}, False),
-        ({"type": "yaml"}, False),
-        ("json", False),
-        (wrapped, True),
-        ({"type": "json_object"}, True),
+    # json_object: any object (OpenAI), or the schema beside it (llama-server's extension)
+    assert schema_from_response_format({"type": "json_object"}) == {"type": "object"}
+    with_schema = {"type": "json_object", "schema": {"const": "42"}}
+    assert schema_from_response_format(with_schema) == {"const": "42"}
+    for bad in [
+        {"type": "json_object", "schema": 123},
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"name": "r"}},
+        {"type": "json_schema", "json_schema": {"schema": [1]}},
+        {"type": "yaml"},
+        "json",
     ]:
         with pytest.raises(InvalidRequestError):
-            schema_from_response_format(bad, native=native)  # type: ignore[arg-type]
+            schema_from_response_format(bad)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------ xgrammar schema adaptation

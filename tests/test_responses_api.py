@@ -749,7 +749,6 @@ BAD_BODIES: list[tuple[dict[str, Any], str]] = [
     ({"input": "x", "previous_response_id": "resp_x", "conversation": "c"}, "together"),
     ({"input": "x", "previous_response_id": "resp_missing"}, "not found"),
     ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text.format"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "json_object"),
     ({"input": "x", "tool_choice": {"type": "mcp", "server_label": "s"}}, "tool_choice"),
     ({"input": "x", "tool_choice": "required"}, "required"),
     ({"input": "x", "tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "nope"),

@@ -134,6 +134,7 @@ def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
 # ------------------------------------------------------------------------ request errors
 
 
+BAD_JSON_OBJECT = {"type": "json_object", "schema": 1}  # llama-server's schema must be an object
 BAD_CHAT_BODIES: list[tuple[str, Any]] = [
     ("not an object", [1, 2]),
     ("missing messages", {"model": "m"}),
@@ -151,7 +152,7 @@ BAD_CHAT_BODIES: list[tuple[str, Any]] = [
     ("stop count", {"messages": MESSAGES, "stop": ["x"] * 65}),
     ("stop type", {"messages": MESSAGES, "stop": 5}),
     ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
-    ("json_object", {"messages": MESSAGES, "response_format": {"type": "json_object"}}),
+    ("json_object schema", {"messages": MESSAGES, "response_format": BAD_JSON_OBJECT}),
     ("tool_choice required", {"messages": MESSAGES, "tool_choice": "required"}),
     ("tool_choice unknown fn", {"messages": MESSAGES, "tool_choice": {"type": "function"}}),
     ("stream type", {"messages": MESSAGES, "stream": {"yes": 1}}),

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import OpenAI
 from server_harness import API_KEY, AUTH, main_server_args, shared_server
 
 SCHEMA = {
@@ -87,13 +87,79 @@ def test_completions_json_schema_output_validates(http: httpx.Client) -> None:
     jsonschema.validate(json.loads(out.json()["choices"][0]["text"]), SCHEMA)
 
 
-def test_json_object_and_oversized_schemas_are_400(client: OpenAI, http: httpx.Client) -> None:
-    with pytest.raises(BadRequestError):
-        client.chat.completions.create(
+JSON_OBJECT = {"type": "json_object"}
+
+
+def test_chat_json_object_output_is_one_object_over_12_seeds(client: OpenAI) -> None:
+    """`json_object` (OpenAI's JSON mode) through the openai SDK: any JSON object, and only
+    one, from the random-weight model sampled hot (its keys are random strings, so a few
+    answers run to max_tokens; every answer that ends is an object)."""
+
+    def ask(seed: int) -> Any:
+        return client.chat.completions.create(
             model="m",
-            messages=MESSAGES,
-            response_format={"type": "json_object"},  # type: ignore[arg-type]
-        )
+            messages=MESSAGES,  # type: ignore[arg-type]
+            response_format=JSON_OBJECT,  # type: ignore[arg-type]
+            temperature=1.0,
+            seed=seed,
+            max_tokens=400,
+        ).choices[0]
+
+    with ThreadPoolExecutor(4) as pool:
+        choices = list(pool.map(ask, range(12)))
+    ended = [c for c in choices if c.finish_reason == "stop"]
+    assert len(ended) >= 6, [c.finish_reason for c in choices]
+    for choice in ended:
+        assert isinstance(json.loads(choice.message.content or ""), dict), choice
+    for choice in choices:
+        assert (choice.message.content or "").lstrip().startswith("{"), choice
+
+
+def test_json_object_on_completions_responses_and_streams(
+    client: OpenAI, http: httpx.Client
+) -> None:
+    text = client.completions.create(
+        model="m",
+        prompt="JSON:",
+        max_tokens=400,
+        seed=10,
+        extra_body={"response_format": JSON_OBJECT},
+    ).choices[0]
+    assert text.finish_reason == "stop" and isinstance(json.loads(text.text), dict), text
+    answer = client.responses.create(
+        model="m",
+        input="JSON please",
+        text={"format": JSON_OBJECT},  # type: ignore[typeddict-item]
+        temperature=1.0,
+        max_output_tokens=400,
+        extra_body={"seed": 10},
+    )
+    assert answer.status == "completed" and isinstance(json.loads(answer.output_text), dict)
+    stream = client.chat.completions.create(
+        model="m",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        response_format=JSON_OBJECT,  # type: ignore[arg-type]
+        temperature=1.0,
+        seed=10,
+        max_tokens=400,
+        stream=True,
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert isinstance(json.loads(streamed), dict), streamed
+    # llama-server's extension: a schema beside the type constrains to it
+    fmt = {"type": "json_object", "schema": {"type": "array", "items": {"type": "integer"}}}
+    out = http.post(
+        "/v1/chat/completions",
+        json={"messages": MESSAGES, "response_format": fmt, "max_tokens": 200, "seed": 1},
+    )
+    assert out.status_code == 200, out.text
+    assert isinstance(json.loads(out.json()["choices"][0]["message"]["content"]), list)
+    bad = {"type": "json_object", "schema": 123}
+    out = http.post("/v1/chat/completions", json={"messages": MESSAGES, "response_format": bad})
+    assert out.status_code == 400 and "json_object" in out.json()["error"]["message"]
+
+
+def test_oversized_schemas_are_400(http: httpx.Client) -> None:
     # The 64 KiB size limit is covered in test_grammar.py: this server caps bodies at 64 KiB.
     refs = {
         "$defs": {"s": {"type": "string", "description": "x" * 40}},
@@ -131,10 +197,19 @@ def test_forced_tool_choice_with_schema_is_400(http: httpx.Client) -> None:
     assert "tool_choice" in out.json()["error"]["message"]
 
 
-def test_native_completion_accepts_only_text_format(http: httpx.Client) -> None:
+def test_native_completion_takes_json_object_and_json_schema(http: httpx.Client) -> None:
+    """llama-server's `/completion`: its `json_schema` field, and a response_format as on
+    the OpenAI routes."""
     ok = http.post(
         "/completion", json={"prompt": "a", "n_predict": 2, "response_format": {"type": "text"}}
     )
     assert ok.status_code == 200
-    bad = http.post("/completion", json={"prompt": "a", "n_predict": 2, "response_format": FORMAT})
-    assert bad.status_code == 400
+    base = {"prompt": "JSON:", "n_predict": 400, "seed": 4}
+    for extra in ({"response_format": FORMAT}, {"json_schema": SCHEMA}):
+        out = http.post("/completion", json={**base, **extra})
+        assert out.status_code == 200, out.text
+        jsonschema.validate(json.loads(out.json()["content"]), SCHEMA)
+    out = http.post("/completion", json={**base, "response_format": JSON_OBJECT})
+    assert isinstance(json.loads(out.json()["content"]), dict), out.text
+    both = {**base, "response_format": JSON_OBJECT, "json_schema": SCHEMA}
+    assert http.post("/completion", json=both).status_code == 400

@@ -15,17 +15,18 @@ log = logging.getLogger(__name__)
 
 
 async def compile_response_format(
-    state: ServerState, response_format: dict[str, Any] | None, *, native: bool = False
+    state: ServerState, response_format: dict[str, Any] | None
 ) -> Any:
     """The compiled grammar `response_format` asks for, or None for plain text.
 
-    400 for `json_object`, malformed wrappers, schemas over the limits or that the grammar
-    engine rejects, and tokenizers it cannot drive (`UnsupportedTokenizer`).
+    `json_schema` gives its schema, `json_object` any JSON object (or llama-server's
+    `schema` beside it). 400 for malformed wrappers, schemas over the limits or that the
+    grammar engine rejects, and tokenizers it cannot drive (`UnsupportedTokenizer`).
     """
     from mlxcel.engine.grammar import get_grammar_backend, schema_from_response_format
 
     try:
-        schema = schema_from_response_format(response_format, native=native)
+        schema = schema_from_response_format(response_format)
     except (InvalidRequestError, ValueError) as exc:
         raise bad_request(str(exc)) from None
     if schema is None:

@@ -103,15 +103,14 @@ def _shape(document: Any, max_depth: int) -> tuple[int, int]:
     return deepest, refs
 
 
-def schema_from_response_format(
-    response_format: Mapping[str, Any] | None, *, native: bool = False
-) -> dict[str, Any] | None:
+def schema_from_response_format(response_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The JSON schema a request's `response_format` asks for; None means unconstrained.
 
     `text` or unset: None. `json_schema`: `json_schema.schema` (`name` and `strict` are
-    accepted and ignored). `json_object` and anything else: `InvalidRequestError`. With
-    `native` (llama-server's `/completion`) only the no-op `{"type": "text"}` is accepted.
-    The schema's limits are not checked here (`canonical_schema` does that).
+    accepted and ignored). `json_object`: any JSON object (`JSON_OBJECT_SCHEMA`), as OpenAI
+    and llama-server answer it, or llama-server's optional `schema` beside the type.
+    Anything else: `InvalidRequestError`. The schema's limits are not checked here
+    (`canonical_schema` does that).
     """
     if response_format is None:
         return None
@@ -120,20 +119,14 @@ def schema_from_response_format(
     kind = response_format.get("type", "text")
     if kind == "text":
         return None
-    if native:
-        raise InvalidRequestError(
-            'response_format on /completion accepts only {"type": "text"}; '
-            "use /v1/chat/completions or /v1/completions for json_schema"
-        )
     if kind == "json_object":
-        raise InvalidRequestError(
-            "response_format type 'json_object' is not supported; use 'json_schema'"
-        )
+        return _json_object_schema(response_format.get("schema"))
     if kind != "json_schema":
         raise InvalidRequestError(
-            "response_format type must be 'text' or 'json_schema'"
+            "response_format type must be 'text', 'json_object' or 'json_schema'"
             if not isinstance(kind, str) or len(kind) > 40
-            else f"response_format type {kind!r} is not supported; use 'text' or 'json_schema'"
+            else f"response_format type {kind!r} is not supported; "
+            "use 'text', 'json_object' or 'json_schema'"
         )
     wrapper = response_format.get("json_schema")
     if not isinstance(wrapper, Mapping):
@@ -143,4 +136,19 @@ def schema_from_response_format(
         raise InvalidRequestError("response_format json_schema.schema is required")
     if not isinstance(schema, Mapping):
         raise InvalidSchema("response_format json_schema.schema must be a JSON object")
+    return dict(schema)
+
+
+JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+"""What `response_format: {"type": "json_object"}` constrains the output to: one JSON
+object, any keys and values (whitespace bounded as for every grammar)."""
+
+
+def _json_object_schema(schema: Any) -> dict[str, Any]:
+    """The schema of a `json_object` format: `schema` when llama-server's extension gives
+    one, else any object."""
+    if schema is None:
+        return dict(JSON_OBJECT_SCHEMA)
+    if not isinstance(schema, Mapping):
+        raise InvalidSchema("response_format json_object schema must be a JSON object")
     return dict(schema)

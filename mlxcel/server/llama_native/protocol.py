@@ -88,23 +88,6 @@ class NativeCompletionRequest(SamplingFields):
             return None
         return value
 
-    def check_response_format(self) -> None:
-        """Only the no-op `{"type": "text"}` is accepted here (400 otherwise, and for
-        llama-server's `json_schema` field)."""
-        if self.llama_json_schema() is not None:
-            raise bad_request(
-                "json_schema is not supported on /completion; "
-                "use /v1/chat/completions or /v1/completions for JSON-schema constrained decoding"
-            )
-        if self.response_format is None:
-            return
-        kind = self.response_format.get("type", "text")
-        if kind != "text":
-            raise bad_request(
-                f"response_format type {kind!r} is not supported on /completion; "
-                "use /v1/chat/completions for JSON-schema constrained decoding"
-            )
-
 
 class InfillRequest(NativeCompletionRequest):
     """POST /infill: fill in the middle between `input_prefix` and `input_suffix`."""

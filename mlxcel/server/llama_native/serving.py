@@ -26,6 +26,7 @@ from mlxcel.server.openai_common import (
     reported_model,
 )
 from mlxcel.server.sampling_fields import PRIORITY_HEADER, parse_priority, to_generation_request
+from mlxcel.server.structured import compile_response_format
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
@@ -92,10 +93,10 @@ class NativeServing:
     async def completion(self, body: NativeCompletionRequest, raw: Request) -> Response:
         """POST /completion: one result, or a list of them for several prompts."""
         tokenizer = self.tokenizer
-        body.check_response_format()
+        grammar = await self._grammar(body)
         prompts = split_prompts(body.prompt)
         token_lists = [await run_in_threadpool(self._encode, tokenizer, p) for p in prompts]
-        return await self._run(body, raw, token_lists, single=len(prompts) == 1)
+        return await self._run(body, raw, token_lists, single=len(prompts) == 1, grammar=grammar)
 
     async def infill(self, body: InfillRequest, raw: Request) -> Response:
         """POST /infill: fill-in-the-middle; 501 when the vocabulary has no FIM tokens."""
@@ -107,11 +108,17 @@ class NativeServing:
             raise APIError(
                 501, f"Infill is not supported by this model: {detail}", "not_supported_error"
             )
-        body.check_response_format()
+        grammar = await self._grammar(body)
         if not isinstance(body.prompt, str):
             raise bad_request("prompt must be a string on /infill")
         tokens = await run_in_threadpool(self._infill_tokens, tokenizer, fim, body)
-        return await self._run(body, raw, [tokens], single=True)
+        return await self._run(body, raw, [tokens], single=True, grammar=grammar)
+
+    async def _grammar(self, body: NativeCompletionRequest) -> Any:
+        """The compiled grammar of llama-server's `json_schema` field or a `json_object` /
+        `json_schema` response_format (None for plain text); 400 as on the OpenAI routes."""
+        response_format = body.with_json_schema(body.response_format)
+        return await compile_response_format(self.state, response_format)
 
     def _encode(self, tokenizer: Tokenizer, parts: list[PromptPart]) -> list[int]:
         tokens: list[int] = []
@@ -175,11 +182,13 @@ class NativeServing:
         token_lists: list[list[int]],
         *,
         single: bool,
+        grammar: Any = None,
     ) -> Response:
         body.resolve_logit_bias(self.tokenizer)
         requests = [self._request(body, tokens, raw) for tokens in token_lists]
         for request in requests:
             body.stream_reports(request, stream=body.stream)
+            request.grammar = grammar
         job = Job.admit(self.state, requests)  # 400/503 here, before any SSE header
         model = reported_model(self.state, body.model)
         encoder = NativeEncoder(self.state, body, requests, model, single=single)

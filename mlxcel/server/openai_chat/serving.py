@@ -319,7 +319,8 @@ class ChatServing:
         grammar = await compile_response_format(state, body.with_json_schema(body.response_format))
         if grammar is not None and _forced_tool_choice(body.tool_choice):
             raise bad_request(
-                "a forced tool_choice cannot be combined with a json_schema response_format"
+                "a forced tool_choice cannot be combined with a json_schema or json_object "
+                "response_format"
             )
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
         tools, prompt_text, tokens, media = await self._render_with_media(body)
