@@ -31,6 +31,7 @@ ROUTES: dict[str, dict[str, Any]] = {
         "max_tokens": 4,
         "messages": [{"role": "user", "content": "hi"}],
     },
+    "/v1/conversations": {"items": [{"role": "user", "content": "hi"}], "metadata": {"k": "v"}},
 }
 ARRAY_FIELD = {
     "/v1/chat/completions": "messages",
@@ -40,6 +41,7 @@ ARRAY_FIELD = {
     "/infill": "input_extra",
     "/v1/responses": "input",
     "/v1/messages": "messages",
+    "/v1/conversations": "items",
 }
 WRONG = [12345, -1, 1e308, "text", "", [], [1, "a", None], {}, {"x": {"y": []}}, None, True]
 WRONG_FAST = [12345, "text", [1, "a", None], {"x": {"y": []}}, None]

@@ -54,14 +54,12 @@ class ResponseEncoder(Encoder):
         self.final_response: dict[str, Any] = {}
         if self.store:
             stores.inflight[self.id] = self.inflight
-            stores.responses.put(
-                self.id,
-                StoredResponse(self.response("in_progress"), [], self._request_fields()),
-            )
+            stores.responses.put(self.id, self._stored(self.response("in_progress"), []))
 
-    def _request_fields(self) -> dict[str, Any]:
+    def _stored(self, response: dict[str, Any], history: list[dict[str, Any]]) -> StoredResponse:
         body = self.prepared.body
-        return {"context_management": body.context_management} if body.context_management else {}
+        fields = {"context_management": body.context_management} if body.context_management else {}
+        return StoredResponse(response, history, fields, input_items=self.prepared.items)
 
     # ------------------------------------------------------------ the object
 
@@ -165,11 +163,10 @@ class ResponseEncoder(Encoder):
         output = list(response["output"])
         if self.store and not self.inflight.deleted:
             history = prepared.history + prepared.items + output
-            stores.responses.put(self.id, StoredResponse(response, history, self._request_fields()))
+            stores.responses.put(self.id, self._stored(response, history))
         status = response["status"]
         if prepared.conversation is not None and status in ("completed", "incomplete"):
-            current = stores.conversations.get(prepared.conversation) or []
-            stores.conversations.put(prepared.conversation, current + prepared.items + output)
+            stores.extend_conversation(prepared.conversation, prepared.items + output)
         stores.inflight.pop(self.id, None)
         self.inflight.done.set()
 

@@ -13,6 +13,9 @@ renders:
 * `function_call_output` → a `tool` message;
 * `reasoning` → the `reasoning_content` of the next assistant message (dropped if none);
 * `compaction` → the messages `compaction.compaction_item_messages(item)` replays.
+
+Stored items (a response's input, a conversation's items) get ids (`with_ids`) and are
+listed with text parts (`listed`), the shapes OpenAI's item lists have.
 """
 
 from __future__ import annotations
@@ -20,10 +23,19 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcel.server.errors import APIError
+from mlxcel.server.openai_common import new_id
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "compaction")
+ITEM_ID_PREFIXES = {
+    "message": "msg_",
+    "function_call": "fc_",
+    "function_call_output": "fco_",
+    "reasoning": "rs_",
+    "compaction": "cmp_",
+}
+"""The id prefix of each item type, for items stored without an id."""
 
 
 def invalid_request(message: str, param: str | None = None, *, code: str | None = None) -> APIError:
@@ -106,16 +118,17 @@ def _reasoning(item: dict[str, Any], where: str) -> dict[str, Any]:
     return dict(item)
 
 
-def input_items(value: str | list[Any] | None) -> list[dict[str, Any]]:
-    """The request's `input` as normalized items (a string is one user message); 400 on
-    item types, content parts or shapes this server cannot replay."""
+def input_items(value: str | list[Any] | None, field: str = "input") -> list[dict[str, Any]]:
+    """The request's `input` (or another `field` of items) as normalized items (a string is
+    one user message); 400 on item types, content parts or shapes this server cannot
+    replay."""
     if value is None:
         return []
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
     items: list[dict[str, Any]] = []
     for index, item in enumerate(value):
-        where = f"input[{index}]"
+        where = f"{field}[{index}]"
         if not isinstance(item, dict):
             raise invalid_request(f"{where} must be an item object", where)
         kind = item.get("type")
@@ -237,3 +250,26 @@ def output_text(items: list[dict[str, Any]]) -> str:
         for part in item.get("content") or []
         if isinstance(part, dict) and part.get("type") == "output_text"
     )
+
+
+def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`items` (normalized), each with an `id`: its own, else a new one for its type."""
+    return [
+        item
+        if isinstance(item.get("id"), str) and item["id"]
+        else {"id": new_id(ITEM_ID_PREFIXES.get(item["type"], "item_")), **item}
+        for item in items
+    ]
+
+
+def listed(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored item as an item list shows it: a message's string `content` becomes one
+    text part (`output_text` for the assistant, `input_text` otherwise); others as is."""
+    content = item.get("content")
+    if item.get("type") != "message" or not isinstance(content, str):
+        return item
+    if item.get("role") == "assistant":
+        part: dict[str, Any] = {"type": "output_text", "text": content, "annotations": []}
+    else:
+        part = {"type": "input_text", "text": content}
+    return {**item, "content": [part]}

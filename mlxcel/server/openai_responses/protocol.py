@@ -1,4 +1,5 @@
-"""Request body of POST /v1/responses and /v1/responses/input_tokens (unknown fields allowed).
+"""Request bodies of POST /v1/responses (and /input_tokens) and of the Conversations routes
+(unknown fields allowed).
 
 Fields the server does not act on (`user`, `include`, `prompt_cache_key`, ...) are accepted
 and ignored; sampling extras the chat route understands (`top_k`, `seed`, `stop`,
@@ -80,3 +81,28 @@ class ResponsesRequest(BaseModel):
             for key, value in (self.model_extra or {}).items()
             if key not in RESPONSES_FIELDS
         }
+
+
+class ConversationCreate(BaseModel):
+    """POST /v1/conversations: the first items and the metadata (both optional)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    items: list[dict[str, Any]] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class ConversationUpdate(BaseModel):
+    """POST /v1/conversations/{id}: new metadata."""
+
+    model_config = ConfigDict(extra="allow")
+
+    metadata: dict[str, Any]
+
+
+class ConversationItemsCreate(BaseModel):
+    """POST /v1/conversations/{id}/items: items to append."""
+
+    model_config = ConfigDict(extra="allow")
+
+    items: list[dict[str, Any]]

@@ -1,4 +1,5 @@
-"""Routes: /v1/responses (create, retrieve, delete, cancel, input_tokens), also without /v1.
+"""Routes: /v1/responses (create, retrieve, delete, cancel, input_tokens, input_items), also
+without /v1, and the Conversations routes (`conversation_routes.py`).
 
 POST /v1/responses/compact summarizes a history (`compaction.py` holds the logic).
 """
@@ -12,12 +13,15 @@ from starlette.responses import Response
 
 from mlxcel.server.json_body import read_json_body
 from mlxcel.server.openai_common import parse_body
+from mlxcel.server.openai_responses.conversation_routes import router as conversations_router
+from mlxcel.server.openai_responses.pagination import PageQuery
 from mlxcel.server.openai_responses.protocol import ResponsesRequest
 from mlxcel.server.openai_responses.serving import ResponsesServing
 from mlxcel.server.openai_responses.store import stores_for
 from mlxcel.server.state import ServerState, get_state
 
 router = APIRouter()
+router.include_router(conversations_router)
 
 
 def serving_for(raw: Request, state: ServerState) -> ResponsesServing:
@@ -58,6 +62,18 @@ async def retrieve_response(
 ) -> dict[str, Any]:
     """A stored response."""
     return serving_for(raw, state).retrieve(response_id)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+@router.get("/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    raw: Request,
+    state: ServerState = Depends(get_state),
+    page: PageQuery = Depends(),
+) -> dict[str, Any]:
+    """One page of a stored response's input items (`limit`, `order`, `after`)."""
+    return serving_for(raw, state).input_items(response_id, page)
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -40,7 +40,14 @@ from mlxcel.server.openai_responses.compaction import (
     parse_context_management,
 )
 from mlxcel.server.openai_responses.encoder import ResponseEncoder
-from mlxcel.server.openai_responses.items import input_items, invalid_request, items_to_messages
+from mlxcel.server.openai_responses.items import (
+    input_items,
+    invalid_request,
+    items_to_messages,
+    listed,
+    with_ids,
+)
+from mlxcel.server.openai_responses.pagination import PageQuery, list_page
 from mlxcel.server.openai_responses.protocol import RESPONSES_FIELDS, ResponsesRequest
 from mlxcel.server.openai_responses.store import ResponseStores, StoredResponse
 
@@ -219,19 +226,6 @@ def summary_extra(fields: dict[str, Any]) -> dict[str, Any]:
     return {**extra, "thinking_budget_tokens": 0}
 
 
-def with_content_parts(item: dict[str, Any]) -> dict[str, Any]:
-    """A message item whose string `content` becomes one text part (`output_text` for the
-    assistant, `input_text` otherwise), the shape a Responses item list has; others as is."""
-    content = item.get("content")
-    if item.get("type") != "message" or not isinstance(content, str):
-        return item
-    if item.get("role") == "assistant":
-        part: dict[str, Any] = {"type": "output_text", "text": content, "annotations": []}
-    else:
-        part = {"type": "input_text", "text": content}
-    return {**item, "content": [part]}
-
-
 @dataclass
 class Prepared:
     """A checked request: the chat request it runs as and the items it adds."""
@@ -328,7 +322,8 @@ class ResponsesServing:
                     "(--conversation-store-max-entries 0)",
                     "conversation",
                 )
-            return list(self.stores.conversations.get(conversation) or [])
+            known = self.stores.conversations.get(conversation)
+            return list(known.items) if known is not None else []
         return []
 
     def prepare(self, body: ResponsesRequest) -> Prepared:
@@ -336,7 +331,7 @@ class ResponsesServing:
         check_request(body)
         conversation = conversation_id(body.conversation)
         history = self._history(body, conversation)
-        items = input_items(body.input)
+        items = with_ids(input_items(body.input))
         chat = self.chat_request(body, history + items)
         return Prepared(body, chat, history, items, conversation)
 
@@ -442,7 +437,7 @@ class ResponsesServing:
             return Response(status_code=499)
         model = reported_model(self.state, request.model)
         out = compact_response(result, model=model)
-        out["output"] = [with_content_parts(item) for item in out["output"]]
+        out["output"] = [listed(item) for item in out["output"]]
         return JSONResponse(out)
 
     async def _manage_context(
@@ -509,6 +504,10 @@ class ResponsesServing:
     def retrieve(self, response_id: str) -> dict[str, Any]:
         """GET /v1/responses/{id}."""
         return self._stored(response_id).response
+
+    def input_items(self, response_id: str, query: PageQuery) -> dict[str, Any]:
+        """GET /v1/responses/{id}/input_items: the request's own input items, one page."""
+        return list_page(self._stored(response_id).input_items, query)
 
     def delete(self, response_id: str) -> dict[str, Any]:
         """DELETE /v1/responses/{id}."""

@@ -1,5 +1,7 @@
 """In-memory stores of the Responses API: stored responses and conversations (LRU + TTL).
 
+A conversation's TTL restarts whenever it is written (created, updated, items added).
+
 Both are `TTLStore`s: at most `max_entries` values (the least recently used is evicted
 first), each kept `ttl` seconds after it was last written (0: no expiry). An expired or
 evicted entry is gone: it reads exactly like one that never existed. `max_entries` 0
@@ -97,12 +99,33 @@ class StoredResponse:
 
     `history` is every item of the exchange in order (the previous chain's items, this
     request's input, then its output); `instructions` are never part of it. `request` keeps
-    fields that are stored but not echoed (e.g. `context_management`).
+    fields that are stored but not echoed (e.g. `context_management`). `input_items` are
+    this request's own input items, with ids (GET /v1/responses/{id}/input_items).
     """
 
     response: dict[str, Any]
     history: list[dict[str, Any]]
     request: dict[str, Any] = field(default_factory=dict)
+    input_items: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Conversation:
+    """One stored conversation: its object's fields and its items (with ids), in order."""
+
+    id: str
+    created_at: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    def object(self) -> dict[str, Any]:
+        """The conversation object of the Conversations API."""
+        return {
+            "id": self.id,
+            "object": "conversation",
+            "created_at": self.created_at,
+            "metadata": dict(self.metadata),
+        }
 
 
 @dataclass
@@ -118,11 +141,11 @@ class InFlight:
 
 @dataclass
 class ResponseStores:
-    """The server's stores: responses by id, conversation items by conversation id, and
-    the responses still generating (for cancel)."""
+    """The server's stores: responses by id, conversations by id, and the responses still
+    generating (for cancel)."""
 
     responses: TTLStore[StoredResponse]
-    conversations: TTLStore[list[dict[str, Any]]]
+    conversations: TTLStore[Conversation]
     inflight: dict[str, InFlight] = field(default_factory=dict)
 
     @classmethod
@@ -140,6 +163,15 @@ class ResponseStores:
                 clock=clock,
             ),
         )
+
+    def extend_conversation(self, conversation_id: str, items: list[dict[str, Any]]) -> None:
+        """Append `items` to a conversation, creating it when a response names one that is
+        not stored (as `conversation` always could)."""
+        conversation = self.conversations.get(conversation_id)
+        if conversation is None:
+            conversation = Conversation(conversation_id, int(time.time()))
+        conversation.items.extend(items)
+        self.conversations.put(conversation_id, conversation)
 
 
 APP_ATTRIBUTE = "mlxcel_response_stores"
