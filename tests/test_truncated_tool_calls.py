@@ -35,6 +35,7 @@ TIME = {
 }
 TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
 USER = [{"role": "user", "content": "What time is it?"}]
+KIMI = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0"
 
 # ------------------------------------------------------------------------ parsers
 
@@ -48,6 +49,15 @@ USER = [{"role": "user", "content": "What time is it?"}]
         ("mistral_nemo", '[TOOL_CALLS][{"name": "get_time", "arguments": {"zo', '{"zo'),
         ("mistral_nemo", "[TOOL_CALLS]get_time[ARGS]", ""),
         ("llama3", '<|python_tag|>{"name": "get_time", ', ""),
+        ("qwen3_coder", "<tool_call>\n<function=get_time>\n", ""),
+        (  # the parameters generated whole, not closed; the one cut off is left out
+            "qwen3_coder",
+            "<tool_call>\n<function=get_time>\n<parameter=zone>\n3\n</parameter>\n"
+            "<parameter=unit>\nut",
+            '{"zone": 3',
+        ),
+        ("kimi_k2", f"{KIMI}<|tool_call_argument_begin|>", ""),
+        ("kimi_k2", f'{KIMI}<|tool_call_argument_begin|>{{"zone": 3', '{"zone": 3'),
     ],
 )
 def test_a_cut_off_call_keeps_the_arguments_generated(fmt: str, text: str, arguments: str) -> None:
@@ -59,9 +69,22 @@ def test_a_cut_off_call_keeps_the_arguments_generated(fmt: str, text: str, argum
     assert [(c.name, c.arguments) for c in collect(deltas).calls] == [("get_time", arguments)]
 
 
-def test_a_complete_call_without_arguments_still_has_an_empty_object() -> None:
-    parsed = get_format("hermes").parse('<tool_call>\n{"name": "get_time"}\n</tool_call>', TOOLS)
-    assert [c.arguments for c in parsed.calls] == ["{}"]
+@pytest.mark.parametrize(
+    ("fmt", "text", "arguments"),
+    [
+        ("hermes", '<tool_call>\n{"name": "get_time"}\n</tool_call>', "{}"),
+        ("kimi_k2", f"{KIMI}<|tool_call_argument_begin|><|tool_call_end|>", "{}"),
+        ("qwen3_coder", "<tool_call>\n<function=get_time>\n</function>\n</tool_call>", "{}"),
+        (
+            "qwen3_coder",
+            "<function=get_time>\n<parameter=zone>\n3\n</parameter>\n</function>",
+            '{"zone": 3}',
+        ),
+    ],
+)
+def test_a_complete_call_is_unchanged(fmt: str, text: str, arguments: str) -> None:
+    parsed = get_format(fmt).parse(text, TOOLS)
+    assert [c.arguments for c in parsed.calls] == [arguments]
 
 
 def test_anthropic_input_of_cut_off_arguments_is_what_was_generated_whole() -> None:

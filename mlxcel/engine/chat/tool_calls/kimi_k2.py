@@ -61,21 +61,22 @@ class KimiBody(Body):
             if end < 0:
                 self._search = len(self._buf) - partial_suffix_len(self._buf, (CALL_CLOSE,))
                 return
-            self._report(self._buf[start + len(CALL_OPEN) : end], sink)
+            self._report(self._buf[start + len(CALL_OPEN) : end], sink, complete=True)
             self._buf = self._buf[end + len(CALL_CLOSE) :]
             self._search = 0
 
     def close(self, sink: CallSink, complete: bool) -> None:
         start = self._buf.find(CALL_OPEN)
-        if start >= 0:
-            self._report(self._buf[start + len(CALL_OPEN) :], sink)
+        if start >= 0:  # a call without its end: cut off, its arguments as generated
+            self._report(self._buf[start + len(CALL_OPEN) :], sink, complete=False)
         self._buf = ""
 
-    def _report(self, call: str, sink: CallSink) -> None:
+    def _report(self, call: str, sink: CallSink, *, complete: bool) -> None:
         head, found, arguments = call.partition(ARGUMENT_OPEN)
         name = name_of(head)
         if found and name:
-            sink.call(name, arguments.strip() or "{}", head.strip())
+            empty = "{}" if complete else ""
+            sink.call(name, arguments.strip() or empty, head.strip())
 
 
 class KimiK2Format(MarkupFormat):

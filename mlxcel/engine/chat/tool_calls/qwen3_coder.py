@@ -78,6 +78,10 @@ class XmlFunctionBody(Body):
             self._json.close()
             return
         self._run(sink, final=True)
+        if not complete and self._open:  # cut off: the parameters generated whole, unclosed
+            sink.end("".join(self._pieces))
+            self._open = False
+            return
         if self._state == "value":
             self._param(sink, self._buf)
         if self._open:
