@@ -173,23 +173,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
 
 @pytest.fixture(scope="module")
 def audio_client() -> Iterator[Any]:
-    """The audio routes in process, on a worker whose model is a stub: decoding happens
-    before the worker, so a refused upload never reaches it."""
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
+    """The audio routes in process: decoding happens before the (stub) worker."""
+    from fixtures.audio import stub_audio_client
 
-    from mlxcel.engine.workers.audio import AudioModels, AudioWorker
-    from mlxcel.server.audio import router
-    from mlxcel.server.errors import install_error_handlers
-
-    worker = AudioWorker(loader=lambda: AudioModels(stt=object())).start()  # type: ignore[arg-type]
-    app = FastAPI()
-    install_error_handlers(app)
-    app.include_router(router)
-    app.state.audio = worker
-    with TestClient(app) as client:
+    with stub_audio_client() as client:
         yield client
-    worker.stop()
 
 
 def _video_body(url: str) -> dict[str, Any]:

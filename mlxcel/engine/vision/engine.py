@@ -131,7 +131,11 @@ class VisionEngine(Sleeps):
             raise InvalidRequestError(f"at most {self.max_images} images per request")
 
     def prepare(self, prompt: VisionPrompt) -> PreparedPrompt:
-        """Run the model's processor on the prompt and media (placeholders expanded)."""
+        """Run the model's processor on the prompt and media (placeholders expanded), once:
+        the result is kept on `prompt`. Thread-safe; a server calls it on a worker thread
+        before `submit`, since resizing a large picture takes seconds."""
+        if isinstance(prompt.prepared, PreparedPrompt):
+            return prompt.prepared
         from mlx_vlm import prepare_inputs
 
         self.check_media(prompt.inputs)
@@ -159,7 +163,7 @@ class VisionEngine(Sleeps):
         extra = {
             k: v for k, v in out.items() if k not in ("input_ids", "pixel_values", "attention_mask")
         }
-        return PreparedPrompt(
+        prompt.prepared = PreparedPrompt(
             tokens=tokens,
             input_ids=input_ids,
             pixel_values=out.get("pixel_values"),
@@ -167,6 +171,7 @@ class VisionEngine(Sleeps):
             extra=extra,
             digest=inputs.digest(),
         )
+        return prompt.prepared
 
     def check(self, request: GenerationRequest) -> int:
         """Validate `request` against the context; return its token budget."""
@@ -180,7 +185,7 @@ class VisionEngine(Sleeps):
         if not isinstance(media, VisionPrompt):
             raise InvalidRequestError("a vision request carries a VisionPrompt")
         prepared = self.prepare(media)
-        request.prompt_tokens = prepared.tokens
+        request.prompt_tokens = list(prepared.tokens)
         budget = self.check(request)
         admit_memory(self, len(request.prompt_tokens), budget)  # RequestMemoryBudgetError
         job = _Job(request=request, sink=sink, prepared=prepared, max_tokens=budget)

@@ -50,3 +50,6 @@ class VisionPrompt:
 
     text: str
     inputs: VisionInputs = field(default_factory=VisionInputs)
+    prepared: Any = field(default=None, repr=False, compare=False)
+    """The engine's `PreparedPrompt` once its processor ran (kept so that a caller may run
+    the processor ahead, off its own event loop, and submit does not run it again)."""

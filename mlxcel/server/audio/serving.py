@@ -7,7 +7,6 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
@@ -18,6 +17,7 @@ from mlxcel.engine.workers.errors import (
 )
 from mlxcel.server.audio.protocol import SPEECH_MEDIA_TYPES, SpeechRequest, TranscriptionForm
 from mlxcel.server.errors import APIError, bad_request, server_busy
+from mlxcel.server.media.offload import off_loop
 
 if TYPE_CHECKING:
     from mlxcel.engine.audio.transcribe import Transcription
@@ -100,7 +100,7 @@ async def transcription_response(
     from mlxcel.engine.audio.transcribe import TranscriptionOptions
 
     try:
-        audio = await run_in_threadpool(read_audio, data, name=filename)
+        audio = await off_loop(read_audio, data, name=filename)
     except AudioDecodeError as exc:
         raise bad_request(str(exc)) from exc
     options = TranscriptionOptions(

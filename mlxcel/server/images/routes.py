@@ -24,6 +24,7 @@ from mlxcel.server.images.serving import (
     require_worker,
     run_job,
 )
+from mlxcel.server.media.offload import off_loop
 
 router = APIRouter()
 
@@ -44,7 +45,7 @@ async def edit_image(request: Request) -> JSONResponse:
     """Image(s) + prompt to image: img2img, or reference editing on an edit family."""
     worker = require_worker(request)
     body = await read_json(request, ImageEditRequest)
-    job = build_job(body, edit_inputs(body))
+    job = build_job(body, await off_loop(edit_inputs, body))  # base64 and PIL checks
     return JSONResponse(render(job, await run_job(worker, job)))
 
 

@@ -4,6 +4,7 @@ Every API family reaches the engine as OpenAI-style chat messages (Responses `in
 and Anthropic `image` blocks, tool results included, are converted to `image_url` parts before
 this), so this one pass serves them all: each media part is fetched under the policy, decoded,
 and replaced by the bare `{"type": "image"|"video"|"audio"}` part that chat templates place.
+Fetching is async; decoding runs on the media pool (`offload`), never on the event loop.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlxcel.engine.vision.inputs import VisionInputs
+from mlxcel.engine.errors import InvalidRequestError
+from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
 from mlxcel.server.media.audio import decode_wav
 from mlxcel.server.media.errors import MediaError
 from mlxcel.server.media.images import decode_image
+from mlxcel.server.media.offload import off_loop
 from mlxcel.server.media.policy import MediaPolicy
 from mlxcel.server.media.sources import load_media
 from mlxcel.server.media.video import sample_frames
@@ -88,7 +91,7 @@ async def _load_part(
     if kind == "image":
         url = _url(where, part.get("image_url"))
         blob = await load_media(url, "image", policy)
-        inputs.images.append(decode_image(blob.data, policy.max_image_pixels))
+        inputs.images.append(await off_loop(decode_image, blob.data, policy.max_image_pixels))
         return [{"type": "image"}]
     if kind == "video":
         field = part.get("video_url")
@@ -97,7 +100,8 @@ async def _load_part(
         if not isinstance(fps, (int, float)) or not 0 < fps <= 60:
             raise MediaError(f"{where}: video_url.fps must be a number in (0, 60]")
         blob = await load_media(url, "video", policy)
-        frames = sample_frames(
+        frames = await off_loop(
+            sample_frames,
             blob.data,
             max_frames=model.video_max_frames,
             fps=float(fps),
@@ -117,8 +121,21 @@ async def _load_part(
     data = audio["data"]
     url = data if data.startswith("data:") else f"data:audio/wav;base64,{data}"
     blob = await load_media(url, "audio", policy)
-    inputs.audio.append(decode_wav(blob.data))
+    inputs.audio.append(await off_loop(decode_wav, blob.data))
     return [{"type": "audio"}]
+
+
+async def prepare_off_loop(engine: object, prompt: VisionPrompt) -> None:
+    """Run a vision engine's processor on `prompt` on the media pool (resizing and patching
+    a large picture takes seconds); the engine keeps the result for its submit. MediaError
+    (a 400) when the processor refuses the media."""
+    prepare = getattr(engine, "prepare", None)
+    if prepare is None or not prompt.inputs:
+        return
+    try:
+        await off_loop(prepare, prompt)
+    except InvalidRequestError as exc:
+        raise MediaError(str(exc)) from None
 
 
 def _url(where: str, value: Any) -> str:

@@ -20,7 +20,7 @@ from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
 from mlxcel.server.errors import bad_request, scrub_paths, server_busy
 from mlxcel.server.generation import Job
 from mlxcel.server.media import MediaError
-from mlxcel.server.media.parts import collect_media, has_media
+from mlxcel.server.media.parts import collect_media, has_media, prepare_off_loop
 from mlxcel.server.openai_chat.encoder import ChatEncoder
 from mlxcel.server.openai_chat.output_plan import REASONING_FORMATS, OutputPlan, plan_output
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest, ChatMessage
@@ -352,6 +352,11 @@ class ChatServing:
         request.grammar = grammar
         if state.media is not None:  # a vision engine: the prompt text and its decoded media
             request.media = VisionPrompt(prompt_text, media or VisionInputs())
+            if state.client is not None:
+                try:  # the processor off the event loop; submit reuses its result
+                    await prepare_off_loop(state.client.engine, request.media)
+                except MediaError as exc:
+                    raise bad_request(str(exc)) from None
         budget = thinking_budget(state, body)
         if budget >= 0 and plan.reasoning is not None and not plan.reasoning.harmony:
             request.thinking = ThinkingBudget(

@@ -1,0 +1,223 @@
+"""Media decoding never runs on the event loop (issue 34.5b).
+
+A 7000x7000 1-bit PNG is 8 KB on the wire and 49 M pixels decoded; four of them used to hold
+`/health` off for seconds. Every step that costs time on a large input (base64, file reads,
+picture decoding, video frames, WAV and audio-upload decoding, the vision processor, the
+image-edit checks) runs on the media pool (`mlxcel.server.media.offload`).
+
+The proof is not a timing: the decoder is wrapped so that it waits on a gate the test holds
+closed; `/health` must answer while those decodes are still in progress (a decode on the loop
+would keep the loop from ever reading the `/health` request), and each step records the
+thread it ran on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import threading
+import wave
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from mlxcel.server.media import MediaPolicy, offload, parts, sources
+from mlxcel.server.media.parts import ModelMedia, collect_media
+
+CLIENTS = 4
+
+
+def _png_uri(size: tuple[int, int], mode: str = "1") -> str:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new(mode, size, 1).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def _wav_b64() -> str:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(16000)
+        writer.writeframes(np.zeros(1600, dtype="<i2").tobytes())
+    return base64.b64encode(out.getvalue()).decode()
+
+
+class Threads:
+    """Records the thread each wrapped call ran on."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.names.setdefault(label, []).append(threading.current_thread().name)
+            return fn(*args, **kwargs)
+
+        return recorded
+
+    def assert_off_loop(self, *labels: str) -> None:
+        for label in labels:
+            names = self.names.get(label)
+            assert names, f"{label} was never called"
+            assert all(n.startswith(offload.THREAD_PREFIX) for n in names), (label, names)
+
+
+def test_every_collect_step_runs_on_the_media_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Data URIs, local files, pictures, video frames and WAV clips of one chat message."""
+    threads = Threads()
+    for module, name in (
+        (sources, "parse_data_uri"),
+        (sources, "read_local_file"),
+        (parts, "decode_image"),
+        (parts, "sample_frames"),
+        (parts, "decode_wav"),
+    ):
+        monkeypatch.setattr(module, name, threads.wrap(name, getattr(module, name)))
+    (tmp_path / "local.png").write_bytes(base64.b64decode(_png_uri((8, 8), "RGB").split(",")[1]))
+    video = {"url": "data:video/mp4;base64," + base64.b64encode(b"not a video").decode()}
+    content = [
+        {"type": "image_url", "image_url": {"url": _png_uri((64, 64))}},
+        {"type": "image_url", "image_url": {"url": str(tmp_path / "local.png")}},
+        {"type": "input_audio", "input_audio": {"data": _wav_b64(), "format": "wav"}},
+    ]
+    model = ModelMedia(frozenset({"text", "image", "audio", "video"}), video_with_audio=True)
+    policy = MediaPolicy(media_root=tmp_path)
+    _, inputs = asyncio.run(collect_media([{"role": "user", "content": content}], policy, model))
+    assert len(inputs.images) == 2 and len(inputs.audio) == 1
+    with pytest.raises(parts.MediaError, match="unsupported video container"):
+        video_part = [{"type": "video_url", "video_url": video}]
+        asyncio.run(collect_media([{"role": "user", "content": video_part}], policy, model))
+    threads.assert_off_loop(
+        "parse_data_uri", "read_local_file", "decode_image", "sample_frames", "decode_wav"
+    )
+
+
+# ------------------------------------------------------------------ a served vision model
+
+
+@pytest.fixture(scope="module")
+def vision_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm is part of mlxcel's vision extra")
+    from fixtures.tiny_vlm import build_tiny_qwen2_vl
+    from server_harness import InProcessServer
+
+    from mlxcel.config.settings import Settings
+
+    model = build_tiny_qwen2_vl(tmp_path_factory.mktemp("qwen2vl"))
+    settings = Settings(model=str(model), ctx_size=2048, warmup=False)
+    with InProcessServer(settings) as server:
+        yield server
+
+
+class Gate:
+    """Wraps the picture decoder: each call counts itself in, waits for the gate, decodes."""
+
+    def __init__(self, decode: Callable[..., Any]) -> None:
+        self.decode = decode
+        self.opened = threading.Event()
+        self.entered = threading.Semaphore(0)
+        self.in_progress = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.in_progress += 1
+        self.entered.release()
+        try:
+            self.opened.wait(15)  # bounded: a decode stuck on the loop fails, never hangs
+            return self.decode(*args, **kwargs)
+        finally:
+            with self._lock:
+                self.in_progress -= 1
+
+
+def test_health_answers_while_big_pictures_are_decoding(
+    vision_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(parts.decode_image)
+    monkeypatch.setattr(parts, "decode_image", gate)
+    threads = Threads()
+    import mlx_vlm  # the vision processor (resize, patches), which the engine calls lazily
+
+    monkeypatch.setattr(
+        mlx_vlm, "prepare_inputs", threads.wrap("processor", mlx_vlm.prepare_inputs)
+    )
+    uri = _png_uri((3000, 3000))  # 9 M pixels, a few KB on the wire
+    content = [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": uri}]
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1}
+
+    def chat() -> int:
+        with httpx.Client(base_url=vision_server.url, timeout=120) as client:
+            return client.post("/v1/chat/completions", json=body).status_code
+
+    with ThreadPoolExecutor(CLIENTS) as clients:
+        answers = [clients.submit(chat) for _ in range(CLIENTS)]
+        try:
+            assert gate.entered.acquire(timeout=60), "no decode started"
+            with httpx.Client(base_url=vision_server.url, timeout=60) as client:
+                health = client.get("/health")
+            running = gate.in_progress
+        finally:
+            gate.opened.set()
+        codes = [answer.result() for answer in answers]
+    assert health.status_code == 200
+    assert running >= 1, "/health was answered only once no decode was running"
+    assert codes == [200] * CLIENTS
+    threads.assert_off_loop("processor")
+
+
+# ------------------------------------------------------------------ audio uploads and edits
+
+
+def test_audio_uploads_decode_on_the_media_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fixtures.audio import stub_audio_client
+
+    from mlxcel.engine.audio import codec
+
+    threads = Threads()
+
+    def refuse(data: bytes, **_: Any) -> Any:
+        raise codec.AudioDecodeError("stub: refused after recording the thread")
+
+    monkeypatch.setattr(codec, "read_audio", threads.wrap("read_audio", refuse))
+    with stub_audio_client() as client:
+        files = {"file": ("a.wav", base64.b64decode(_wav_b64()), "audio/wav")}
+        answer = client.post("/v1/audio/transcriptions", files=files, data={"model": "w"})
+    assert answer.status_code == 400 and "stub" in answer.json()["error"]["message"]
+    threads.assert_off_loop("read_audio")
+
+
+def test_image_edit_inputs_decode_on_the_media_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from mlxcel.server.errors import bad_request, install_error_handlers
+    from mlxcel.server.images import routes
+
+    threads = Threads()
+
+    def refuse(body: Any) -> Any:
+        raise bad_request("stub: refused after recording the thread")
+
+    monkeypatch.setattr(routes, "edit_inputs", threads.wrap("edit_inputs", refuse))
+    app = FastAPI()
+    install_error_handlers(app)
+    app.include_router(routes.router)
+    app.state.image = object()  # a worker is required before the inputs are read
+    with TestClient(app) as client:
+        answer = client.post("/v1/images/edits", json={"prompt": "x", "image": _png_uri((64, 64))})
+    assert answer.status_code == 400 and "stub" in answer.json()["error"]["message"]
+    threads.assert_off_loop("edit_inputs")
