@@ -360,10 +360,10 @@ def test_response_format_on_an_open_schema_stops_over_20_seeds(client: OpenAI) -
         _check_whitespace(text)
 
 
-def test_close_objects_follows_llama_cpp() -> None:
-    from mlxcel.engine.grammar.strict import close_objects
+def test_llama_cpp_schema_closes_objects() -> None:
+    from mlxcel.engine.grammar.strict import llama_cpp_schema
 
-    closed = close_objects(
+    closed = llama_cpp_schema(
         {
             "type": "object",
             "properties": {
@@ -381,11 +381,50 @@ def test_close_objects_follows_llama_cpp() -> None:
     props = closed["properties"]
     assert props["a"]["additionalProperties"] is False
     assert props["b"]["additionalProperties"] is True  # said so: stays open
-    assert props["c"]["additionalProperties"] == {"type": "integer"}
+    assert props["c"]["additionalProperties"]["type"] == "integer"  # a schema: kept
     assert props["d"]["items"]["additionalProperties"] is False
     assert "additionalProperties" not in props["e"]  # no properties: any object
     assert closed["$defs"]["n"]["additionalProperties"] is False
     assert closed["anyOf"][0]["additionalProperties"] is False
     # allOf members are merged, so none of them is closed on its own
-    merged = close_objects({"allOf": [{"properties": {"p": {}}}, {"properties": {"q": {}}}]})
+    merged = llama_cpp_schema({"allOf": [{"properties": {"p": {}}}, {"properties": {"q": {}}}]})
     assert all("additionalProperties" not in part for part in merged["allOf"])
+
+
+def test_integers_without_bounds_get_llama_cpp_sixteen_digits() -> None:
+    from mlxcel.engine.grammar.strict import llama_cpp_schema
+
+    top = 10**16 - 1
+    read = llama_cpp_schema(
+        {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer"},
+                "b": {"type": ["integer", "null"]},
+                "c": {"type": "integer", "minimum": 0},  # a bound given: left as it is
+                "d": {"type": "number"},
+                "e": {"type": "array", "items": {"type": "integer"}},
+            },
+        }
+    )
+    props = read["properties"]
+    assert (props["a"]["minimum"], props["a"]["maximum"]) == (-top, top)
+    assert props["b"]["maximum"] == top
+    assert props["c"] == {"type": "integer", "minimum": 0}
+    assert props["d"] == {"type": "number"}
+    assert props["e"]["items"]["maximum"] == top
+
+
+def test_forced_call_with_unbounded_integers_ends_over_20_seeds(tokenizer: Any) -> None:
+    """Random logits through the grammar: 16 digits at most, so every call ends."""
+    open_ints = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    tools = [{"type": "function", "function": {"name": "add", "parameters": open_ints}}]
+    backend = get_grammar_backend("llguidance", tokenizer)
+    lookup = special_token_lookup(tokenizer, backend)
+    grammar = tool_call_grammar(backend, "hermes", tools, special_id=lookup, max_calls=1)
+    assert grammar is not None
+    for seed in range(20):
+        text = _sample_constrained(tokenizer, grammar, seed, limit=400)
+        body = text[len(WIRES["hermes"].open) : len(text) - len(WIRES["hermes"].close)]
+        value = json.loads(body)["arguments"]["a"]
+        assert isinstance(value, int) and abs(value) < 10**16, text

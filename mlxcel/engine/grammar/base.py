@@ -29,7 +29,7 @@ import numpy as np
 
 from mlxcel.engine.errors import EngineError, InvalidRequestError
 from mlxcel.engine.grammar.limits import DEFAULT_LIMITS, SchemaLimits, canonical_schema
-from mlxcel.engine.grammar.strict import close_objects
+from mlxcel.engine.grammar.strict import llama_cpp_schema
 
 BACKENDS = ("llguidance", "xgrammar")
 DEFAULT_BACKEND = "llguidance"
@@ -123,12 +123,13 @@ class GrammarBackend(ABC):
     def compile_json_schema(self, schema: Mapping[str, Any] | str) -> CompiledGrammar:
         """Check the limits, then compile `schema` (or return the cached grammar).
 
-        Objects with `properties` are closed as llama.cpp closes them (`close_objects`):
-        no keys beyond the listed ones unless the schema allows them. Raises
-        `SchemaTooLarge` / `InvalidSchema` (both HTTP 400) with short messages.
+        The schema is read as llama.cpp reads it (`llama_cpp_schema`): objects with
+        `properties` take no other key unless the schema allows them, integers without
+        bounds have at most 16 digits. Raises `SchemaTooLarge` / `InvalidSchema` (both HTTP
+        400) with short messages.
         """
         checked = canonical_schema(schema, self.limits)
-        key = json.dumps(close_objects(json.loads(checked)), separators=(",", ":"))
+        key = json.dumps(llama_cpp_schema(json.loads(checked)), separators=(",", ":"))
         return self._cached(key, lambda: self._compile_json_schema(key))
 
     def compile_lark(self, grammar: str) -> CompiledGrammar:

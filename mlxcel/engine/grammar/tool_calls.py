@@ -31,7 +31,7 @@ from mlxcel.engine.grammar.base import (
     GrammarBackend,
 )
 from mlxcel.engine.grammar.limits import canonical_schema
-from mlxcel.engine.grammar.strict import close_objects
+from mlxcel.engine.grammar.strict import llama_cpp_schema
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def call_schema(tools: Sequence[Mapping[str, Any]], arguments_key: str) -> dict[
         parameters = function.get("parameters")
         if not isinstance(parameters, Mapping) or not parameters:
             parameters = {"type": "object"}
-        parameters = close_objects(parameters)  # no undeclared argument keys (llama.cpp's rule)
+        parameters = llama_cpp_schema(parameters)  # no undeclared keys, bounded integers
         options.append(
             {
                 "type": "object",
