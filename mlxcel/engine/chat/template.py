@@ -12,16 +12,32 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from functools import update_wrapper
+from types import BuiltinMethodType
 from typing import Any, NoReturn
 
 import jinja2
 from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.ext import Extension
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from markupsafe import Markup
 
+from mlxcel.engine.chat.template_limits import (
+    BoundedFormatter,
+    bounded_concat,
+    bounded_filter,
+    bounded_iter,
+    check_binop,
+    check_result,
+    check_str_method,
+    concat_text,
+    printed,
+    render_budget,
+)
 from mlxcel.engine.errors import EngineError
 
 #: Variables the server renders itself; chat_template_kwargs may not set them.
@@ -44,9 +60,10 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# Sizes past which `*` and `**` in a template are refused (memory and CPU bombs).
-_MAX_REPEAT_LEN = 10_000_000
+# Exponent past which `**` in a template is refused (a CPU bomb); sizes: template_limits.
 _MAX_EXPONENT = 4096
+# Widest `tojson` indent accepted (each line repeats it once per nesting level).
+_MAX_JSON_INDENT = 1024
 
 # (family, markers that must all appear); the first row that matches wins, so the most
 # specific rows come first.
@@ -216,7 +233,8 @@ class ChatTemplate:
         if documents:
             context["documents"] = documents
         try:
-            text = self._template.render(context)
+            with render_budget():
+                text = self._template.render(context)
         except TemplateError:
             raise
         except SecurityError as exc:
@@ -251,10 +269,38 @@ class _GenerationBlock(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, made strict: unsafe access raises instead of rendering empty."""
+class _BoundedCodeGenerator(CodeGenerator):
+    """Compiles `~` to the sandbox's size-checked `concat_text` and wraps the iterable of
+    every `{% for %}` in `bounded_iter` (the render's loop budget)."""
 
-    intercepted_binops = frozenset({"*", "**"})
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        if frame.eval_ctx.volatile or frame.eval_ctx.autoescape:
+            super().visit_Concat(node, frame)
+            return
+        self.write("environment.concat_text((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+    def visit_For(self, node: nodes.For, frame: Frame) -> None:
+        iterable = nodes.Call(
+            nodes.EnvironmentAttribute("bounded_iter"), [node.iter], [], None, None
+        )
+        bounded = nodes.For(node.target, iterable, node.body, node.else_, node.test, node.recursive)
+        bounded.set_lineno(node.lineno)
+        super().visit_For(bounded, frame)
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, made strict: unsafe access raises instead of rendering empty,
+    and whatever a template builds is bounded in size (`template_limits`)."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    code_generator_class = _BoundedCodeGenerator
+    concat = staticmethod(bounded_concat)  # type: ignore[assignment]
+    concat_text = staticmethod(concat_text)
+    bounded_iter = staticmethod(bounded_iter)
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:  # type: ignore[override]
         raise SecurityError(
@@ -262,10 +308,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         )
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
-            _check_repeat(left, right)
-            _check_repeat(right, left)
-        elif (
+        if (
             operator == "**"
             and isinstance(left, int)
             and isinstance(right, int)
@@ -273,13 +316,33 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             and right > _MAX_EXPONENT
         ):
             raise SecurityError(f"exponent {right} is too large")
-        return super().call_binop(context, operator, left, right)
+        check_binop(operator, left, right)
+        return check_result(super().call_binop(context, operator, left, right), operator)
 
+    def call(__self, __context: Any, __obj: Any, /, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        owner = getattr(__obj, "__self__", None)
+        name = getattr(__obj, "__name__", "a call")
+        if isinstance(owner, str) and isinstance(__obj, BuiltinMethodType):
+            args = check_str_method(owner, name, args, kwargs)
+        return check_result(super().call(__context, __obj, *args, **kwargs), name)
 
-def _check_repeat(seq: Any, count: Any) -> None:
-    repeats = isinstance(seq, (str, list, tuple)) and isinstance(count, int)
-    if repeats and len(seq) * count > _MAX_REPEAT_LEN:
-        raise SecurityError("repetition result is too large")
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """`str.format`/`format_map` through BoundedFormatter (each field's width checked)."""
+        wrapper = super().wrap_str_format(value)
+        text = getattr(value, "__self__", None)
+        if wrapper is None or not isinstance(text, str) or isinstance(text, Markup):
+            return wrapper
+        vformat = BoundedFormatter(self).vformat
+        is_map = value.__name__ == "format_map"
+
+        def bounded(*args: Any, **kwargs: Any) -> str:
+            if is_map:
+                if kwargs or len(args) != 1:
+                    raise TypeError("format_map() takes exactly one argument")
+                return str(check_result(vformat(text, (), args[0]), "str.format_map"))
+            return str(check_result(vformat(text, args, kwargs), "str.format"))
+
+        return update_wrapper(bounded, value)
 
 
 def _raise_exception(message: Any = "") -> NoReturn:
@@ -304,14 +367,18 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # The first positional argument is `indent`, as in Jinja's own filter; the keywords are HF's.
-    return json.dumps(
-        value,
+    # Encoded piece by piece, so that a huge result stops at the size limit as it grows.
+    width = len(indent) if isinstance(indent, str) else indent or 0
+    if isinstance(width, int) and width > _MAX_JSON_INDENT:
+        raise SecurityError(f"tojson indent {width} is too large (at most {_MAX_JSON_INDENT})")
+    encoder = json.JSONEncoder(
         indent=indent,
         ensure_ascii=ensure_ascii,
         separators=separators,
         sort_keys=sort_keys,
         default=_json_default,
     )
+    return bounded_concat(encoder.iterencode(value))
 
 
 def _json_default(value: Any) -> Any:
@@ -329,6 +396,9 @@ def _make_environment() -> _Sandbox:
         extensions=["jinja2.ext.loopcontrols", _GenerationBlock],
     )
     env.filters["tojson"] = _tojson
+    env.filters = {name: bounded_filter(name, f) for name, f in env.filters.items()}
+    env.finalize = printed
+    env.globals.pop("lipsum", None)  # paragraphs of filler text: no chat template needs it
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
