@@ -154,7 +154,7 @@ def test_nesting_past_the_limit_is_a_400(server: ServeProcess, path: str) -> Non
     assert_still_up(server)
 
 
-def test_detokenize_out_of_vocabulary_is_a_400(server: ServeProcess, hf_tokenizer: Any) -> None:
+def test_token_ids_out_of_vocabulary_are_a_400(server: ServeProcess, hf_tokenizer: Any) -> None:
     vocab = len(hf_tokenizer)
     parts = urlsplit(server.url)
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
@@ -165,6 +165,10 @@ def test_detokenize_out_of_vocabulary_is_a_400(server: ServeProcess, hf_tokenize
             payload = json.dumps({"tokens": [*ok, bad, -5]}).encode()
             message = error_message("/detokenize", *exchange(conn, "/detokenize", payload)[::2])
             assert message == f"token id {bad} is out of vocabulary range (vocab_size {vocab})"
+            for path, field in (("/completion", "prompt"), ("/v1/completions", "prompt")):
+                payload = json.dumps({field: [*ok, bad, -5], "max_tokens": 2}).encode()
+                message = error_message(path, *exchange(conn, path, payload)[::2])
+                assert f"token id {bad}, out of vocabulary range (vocab_size {vocab})" in message
         status, _, data = exchange(conn, "/detokenize", json.dumps({"tokens": ok}).encode())
         assert status == 200 and json.loads(data)["content"]
     finally:

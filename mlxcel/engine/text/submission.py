@@ -20,8 +20,13 @@ def token_budget(
     n_prompt = len(request.prompt_tokens)
     if n_prompt == 0:
         raise InvalidRequestError("the prompt is empty")
-    if vocab_size is not None and any(t < 0 or t >= vocab_size for t in request.prompt_tokens):
-        raise InvalidRequestError("the prompt contains token ids outside the vocabulary")
+    if vocab_size is not None:
+        bad = next((t for t in request.prompt_tokens if t < 0 or t >= vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"the prompt contains token id {bad}, out of vocabulary range "
+                f"(vocab_size {vocab_size})"
+            )
     if n_prompt >= context_per_slot:
         raise ContextLengthError(
             f"the request exceeds the available context size: {n_prompt} prompt tokens, "
