@@ -415,6 +415,22 @@ def test_integers_without_bounds_get_llama_cpp_sixteen_digits() -> None:
     assert props["e"]["items"]["maximum"] == top
 
 
+def test_a_list_of_items_is_read_as_a_tuple(tokenizer: Any) -> None:
+    from mlxcel.engine.grammar.strict import llama_cpp_schema
+
+    read = llama_cpp_schema({"items": [{"type": "string"}, {"const": 1}]})
+    assert read["prefixItems"] == [{"type": "string"}, {"const": 1}]
+    assert (read["items"], read["minItems"], read["type"]) == (False, 2, "array")
+    more = llama_cpp_schema({"items": [{"const": 1}], "additionalItems": {"const": 2}})
+    assert more["items"] == {"const": 2} and "additionalItems" not in more
+    grammar = get_grammar_backend("llguidance", tokenizer).compile_json_schema(
+        {"items": [{"type": "integer", "minimum": 0, "maximum": 9}]}
+    )
+    for seed in range(5):
+        value = json.loads(_sample_constrained(tokenizer, grammar, seed))
+        assert isinstance(value, list) and len(value) == 1 and 0 <= value[0] <= 9, value
+
+
 def test_forced_call_with_unbounded_integers_ends_over_20_seeds(tokenizer: Any) -> None:
     """Random logits through the grammar: 16 digits at most, so every call ends."""
     open_ints = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -4,7 +4,8 @@ In JSON Schema an object that lists `properties` but says nothing of
 `additionalProperties` accepts any other key too. llama.cpp's grammar generator reads
 such an object as closed: only the listed keys, unless the schema says
 `additionalProperties: true` or gives a schema for the extra values. It also writes an
-integer without bounds in at most 16 digits. A weak model given the open reading keeps
+integer without bounds in at most 16 digits, and reads a list-valued `items` (draft 4's
+tuples) as the exact tuple (`prefixItems`). A weak model given the open reading keeps
 inventing keys, or digits, until it runs out of tokens, so constrained output
 (response_format, forced tool calls) follows llama.cpp.
 """
@@ -30,7 +31,8 @@ _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 def llama_cpp_schema(schema: Any, *, closable: bool = True) -> Any:
     """A copy of `schema` where every object with `properties` and no word on
     `additionalProperties` gets `additionalProperties: false`, and every integer without
-    bounds is limited to `INTEGER_DIGITS` digits (either sign).
+    bounds is limited to `INTEGER_DIGITS` digits (either sign); a list-valued `items`
+    becomes `prefixItems` (more items only as `additionalItems` allows).
 
     `allOf` members stay open (they are merged: closing one would forbid the keys of the
     others), and so does an object that combines its `properties` with an `allOf`.
@@ -53,6 +55,11 @@ def llama_cpp_schema(schema: Any, *, closable: bool = True) -> Any:
         out["additionalProperties"] = False
     if _is_unbounded_integer(schema):
         out["minimum"], out["maximum"] = -_INTEGER_BOUND, _INTEGER_BOUND
+    if isinstance(out.get("items"), list):  # a draft-4 tuple: exactly these items
+        out["prefixItems"] = out.pop("items")
+        out["items"] = out.pop("additionalItems", False)
+        out.setdefault("minItems", len(out["prefixItems"]))
+        out.setdefault("type", "array")
     return out
 
 
