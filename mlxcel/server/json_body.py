@@ -31,18 +31,19 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
 
 
-def decode_json_body(raw: bytes) -> Any:
-    """The JSON value of `raw`; APIError 400 naming the problem when it is not acceptable."""
+def decode_json_body(raw: bytes, what: str = "request body") -> Any:
+    """The JSON value of `raw`; APIError 400 naming the problem when it is not acceptable
+    (`what` names the JSON in the message: JSON a client sent inside a field, too)."""
     try:
         payload = json.loads(raw)
     except RecursionError:
-        raise _too_deep() from None
+        raise _too_deep(what) from None
     except (ValueError, UnicodeDecodeError):
-        raise bad_request("request body is not valid JSON") from None
+        raise bad_request(f"{what} is not valid JSON") from None
     check_surrogates = _SURROGATE_ESCAPE.search(raw) is not None
     check_depth = raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
     if check_surrogates or check_depth:
-        _inspect(payload, surrogates=check_surrogates)
+        _inspect(payload, what, surrogates=check_surrogates)
     return payload
 
 
@@ -51,13 +52,13 @@ async def read_json_body(request: Request) -> Any:
     return decode_json_body(await request.body())
 
 
-def _too_deep() -> APIError:
+def _too_deep(what: str) -> APIError:
     return bad_request(
-        f"request body is nested too deeply: at most {MAX_JSON_DEPTH} levels of arrays and objects"
+        f"{what} is nested too deeply: at most {MAX_JSON_DEPTH} levels of arrays and objects"
     )
 
 
-def _inspect(payload: Any, *, surrogates: bool) -> None:
+def _inspect(payload: Any, what: str, *, surrogates: bool) -> None:
     """Walk `payload` without recursion: 400 past MAX_JSON_DEPTH, or (with `surrogates`)
     for the first string or key holding a lone surrogate, naming where it is."""
     stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(payload, 0, ())]
@@ -65,7 +66,7 @@ def _inspect(payload: Any, *, surrogates: bool) -> None:
         node, depth, path = stack.pop()
         if isinstance(node, str):
             if surrogates and not node.isascii():
-                _check_text(node, path)
+                _check_text(node, path, what)
             continue
         if isinstance(node, dict):
             children: Any = node.items()
@@ -74,22 +75,22 @@ def _inspect(payload: Any, *, surrogates: bool) -> None:
         else:
             continue
         if depth >= MAX_JSON_DEPTH:
-            raise _too_deep()
+            raise _too_deep(what)
         for key, child in children:
             if surrogates and isinstance(key, str) and not key.isascii():
-                _check_text(key, path)
+                _check_text(key, path, what)
             if isinstance(child, (str, dict, list)):
                 stack.append((child, depth + 1, (*path, key)))
 
 
-def _check_text(text: str, path: tuple[str | int, ...]) -> None:
+def _check_text(text: str, path: tuple[str | int, ...], what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         code = ord(text[exc.start])
         where = f" at {_location(path)}" if path else ""
         raise bad_request(
-            f"request body is not valid Unicode: the string{where} holds a lone surrogate "
+            f"{what} is not valid Unicode: the string{where} holds a lone surrogate "
             f"\\u{code:04x} (half of a UTF-16 pair); pair a \\ud800-\\udbff escape with a "
             "\\udc00-\\udfff one or send the character itself"
         ) from None

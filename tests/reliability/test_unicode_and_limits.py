@@ -257,3 +257,47 @@ def test_a_store_entry_is_only_removed_when_it_is_damaged(
     monkeypatch.setattr(gguf, "load_converted", truncated)
     assert gguf.load_gguf(tiny_gguf, store=store).store_path is not None  # converted again
     assert len(list(store.root.rglob("mlxcel.json"))) == 1
+
+
+def test_json_inside_a_compaction_capsule_gets_the_same_checks(server: ServeProcess) -> None:
+    """A compaction item's `encrypted_content` is client-supplied base64 JSON: too deep or
+    holding a lone surrogate, it is a 400 naming the item (it was a 500 RecursionError)."""
+    import base64
+
+    inner = [b"[" * 200_000 + b"]" * 200_000, b'{"format": "x", "s": "\\ud800"}', b"{"]
+    parts = urlsplit(server.url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+    try:
+        for capsule in inner:
+            encoded = base64.urlsafe_b64encode(capsule).decode()
+            item = {"type": "compaction", "encrypted_content": encoded}
+            body = {"input": [item, {"role": "user", "content": "hi"}], "max_output_tokens": 2}
+            path = "/v1/responses"
+            message = error_message(path, *exchange(conn, path, json.dumps(body).encode())[::2])
+            assert message.startswith("invalid compaction item: encrypted_content"), message
+    finally:
+        conn.close()
+    assert_still_up(server)
+
+
+def test_every_typed_json_body_is_read_by_read_json_body() -> None:
+    """Routes read JSON through `read_json_body`; one whose body FastAPI parses into a
+    typed parameter must be a JsonBodyRoute, or the checks above would not hold for it."""
+    from fastapi.routing import APIRoute
+
+    from mlxcel.config import Settings
+    from mlxcel.server.app import create_app
+    from mlxcel.server.json_body import JsonBodyRoute
+    from mlxcel.server.state import ServerState
+
+    def routes_of(routes: list[Any]) -> Iterator[Any]:
+        for route in routes:  # included routers hold their routes (FastAPI >= 0.16x)
+            inner = getattr(route, "original_router", None)
+            yield from routes_of(inner.routes) if inner is not None else (route,)
+
+    app = create_app(ServerState(settings=Settings(warmup=False)))
+    typed = [
+        r for r in routes_of(app.routes) if isinstance(r, APIRoute) and r.body_field is not None
+    ]
+    assert {"/v1/embeddings", "/v1/rerank", "/v1/audio/speech"} <= {r.path for r in typed}
+    assert [r.path for r in typed if not isinstance(r, JsonBodyRoute)] == []

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mlxcel.server.errors import APIError
+from mlxcel.server.json_body import decode_json_body
 
 Item = dict[str, Any]
 Message = dict[str, Any]
@@ -180,9 +181,8 @@ def decode_capsule(text: Any) -> Capsule:
         raise _malformed("is not valid base64url")
     data += "=" * (-len(data) % 4)
     try:
-        raw = base64.b64decode(data, altchars=b"-_", validate=True)
-        payload = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, ValueError):
+        payload = decode_json_body(base64.b64decode(data, altchars=b"-_", validate=True))
+    except (binascii.Error, ValueError, APIError):  # APIError: not JSON, too deep, not text
         raise _malformed("is not a capsule written by this server") from None
     if not isinstance(payload, dict) or payload.get("format") != CAPSULE_FORMAT:
         raise _malformed("is not a capsule written by this server")
