@@ -56,6 +56,8 @@ KIMI = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0"
             "<parameter=unit>\nut",
             '{"zone": 3',
         ),
+        ("functionary_v31", "<function=get_time>", ""),
+        ("functionary_v31", '<function=get_time>{"zone": 3', '{"zone": 3'),
         ("kimi_k2", f"{KIMI}<|tool_call_argument_begin|>", ""),
         ("kimi_k2", f'{KIMI}<|tool_call_argument_begin|>{{"zone": 3', '{"zone": 3'),
     ],
@@ -74,6 +76,7 @@ def test_a_cut_off_call_keeps_the_arguments_generated(fmt: str, text: str, argum
     [
         ("hermes", '<tool_call>\n{"name": "get_time"}\n</tool_call>', "{}"),
         ("kimi_k2", f"{KIMI}<|tool_call_argument_begin|><|tool_call_end|>", "{}"),
+        ("functionary_v31", "<function=get_time></function>", "{}"),
         ("qwen3_coder", "<tool_call>\n<function=get_time>\n</function>\n</tool_call>", "{}"),
         (
             "qwen3_coder",

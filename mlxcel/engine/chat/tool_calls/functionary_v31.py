@@ -26,16 +26,17 @@ NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 _NAME_LIMIT = 128
 
 
-def body_arguments(name: str, body: str) -> str | None:
-    """A call body as arguments: JSON verbatim, "{}" when empty, code for `python`."""
+def body_arguments(name: str, body: str, *, complete: bool = True) -> str | None:
+    """A call body as arguments: JSON verbatim, "{}" when empty, code for `python`. A body
+    cut off before its end marker (max_tokens) is its text as generated ("" when empty)."""
     text = body.strip()
     if not text:
-        return "{}"
+        return "{}" if complete else ""
     if is_json(text):
         return text
     if name in ("python", "ipython"):
         return arguments_json([("code", text)])
-    return None
+    return None if complete else text
 
 
 def read_name(view: str, start: int, end_char: str) -> tuple[str, int] | str:
@@ -63,7 +64,7 @@ class FunctionaryV31Format(MarkupFormat):
         name, length = found
 
         def parse(text: str, sink: CallSink, complete: bool) -> None:
-            arguments = body_arguments(name, text)
+            arguments = body_arguments(name, text, complete=complete)
             if arguments is not None:
                 sink.call(name, arguments)
 
