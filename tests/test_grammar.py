@@ -512,3 +512,17 @@ def test_xgrammar_schema_adaptation_without_xgrammar() -> None:
         "uniqueItems": False,
         "$ref": "#/$defs/x",
     }
+
+
+def test_gbnf_grammar_reads_as_lark_and_is_bounded() -> None:
+    """llama-server's GBNF grammars become llguidance Lark; oversize, deep or broken ones
+    are 400-class errors (SchemaTooLarge / InvalidSchema), never a crash."""
+    from mlxcel.engine.grammar import InvalidSchema, SchemaTooLarge
+    from mlxcel.engine.grammar.gbnf import MAX_GBNF_BYTES, lark_from_gbnf
+
+    assert 'start: "a"{5,5}' in lark_from_gbnf('root ::= "a"{5,5}')
+    with pytest.raises(SchemaTooLarge):
+        lark_from_gbnf("root ::= " + " | ".join(['"a"'] * (MAX_GBNF_BYTES // 4)))
+    for broken in ("root ::= [a-", "root ::= foo", 'start ::= "a"', "root ::= " + "(" * 5000):
+        with pytest.raises(InvalidSchema):
+            lark_from_gbnf(broken)

@@ -150,18 +150,39 @@ def test_sampling_params_report_adaptive_fields(http: httpx.Client) -> None:
     assert params["adaptive_target"] == -1.0 and params["adaptive_decay"] == 0.9
 
 
-# --------------------------------------------------------- refused constraint fields
+# --------------------------------------------------------- constraint fields
 
 
-def test_grammar_is_refused_not_ignored(http: httpx.Client) -> None:
-    chat = {"messages": MESSAGES, "max_tokens": 1}
-    grammar = 'root ::= "a"'
-    assert_400(http.post("/v1/chat/completions", json={**chat, "grammar": grammar}), "grammar")
-    assert_400(http.post("/v1/completions", json={"prompt": "x", "grammar": grammar}), "grammar")
-    assert_400(http.post("/completion", json={"prompt": "x", "grammar": grammar}), "grammar")
+def test_gbnf_grammar_constrains_every_generation_route(http: httpx.Client) -> None:
+    """llama-server's `grammar` field (GBNF) constrains chat, completions and /completion."""
+    chat = {"messages": MESSAGES, "max_tokens": 6, "temperature": 1.0, "seed": 3}
+    grammar = 'root ::= "a"{5,5}'
+    answer = http.post("/v1/chat/completions", json={**chat, "grammar": grammar})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == "aaaaa"
+    legacy = {"prompt": "x", "max_tokens": 6, "grammar": grammar, "temperature": 1.0}
+    assert http.post("/v1/completions", json=legacy).json()["choices"][0]["text"] == "aaaaa"
+    native = {"prompt": "x", "n_predict": 16, "grammar": 'root ::= ("yes" | "no") "!"'}
+    assert http.post("/completion", json=native).json()["content"] in ("yes!", "no!")
     # The empty forms some clients always send change nothing.
     ok = http.post("/v1/chat/completions", json={**chat, "grammar": "", "json_schema": {}})
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"grammar": "root ::= foo"},  # an undefined rule
+        {"grammar": 'start ::= "a"'},  # no root rule
+        {"grammar": 42},
+        {"grammar": "root ::= " + "(" * 5000 + '"a"' + ")" * 5000},  # nested too deeply
+        {"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}},
+    ],
+)
+def test_bad_gbnf_grammar_is_a_400(http: httpx.Client, extra: dict[str, object]) -> None:
+    chat = {"messages": MESSAGES, "max_tokens": 1}
+    assert_400(http.post("/v1/chat/completions", json={**chat, **extra}), "grammar")
+    assert_400(http.post("/completion", json={"prompt": "x", **extra}), "grammar")
 
 
 def test_top_level_json_schema_constrains_like_response_format(http: httpx.Client) -> None:

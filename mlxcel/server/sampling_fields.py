@@ -112,12 +112,15 @@ class SamplingFields(_KnobFields):
         request.timings_per_token = stream and bool(self.timings_per_token)
         request.progress = stream and bool(self.return_progress)
 
-    def check_constraints(self) -> None:
-        """llama-server's GBNF `grammar` field is refused (400), never ignored: ignoring it
-        would silently return unconstrained text."""
+    def gbnf_grammar(self) -> str | None:
+        """llama-server's GBNF `grammar` field (None when absent or empty); a non-string is
+        a 400."""
         grammar = (self.model_extra or {}).get("grammar")
-        if grammar is not None and grammar != "":
-            raise bad_request("grammar: GBNF grammars are not supported by this server")
+        if grammar is None or grammar == "":
+            return None
+        if not isinstance(grammar, str):
+            raise bad_request("grammar: must be a string holding a GBNF grammar")
+        return grammar
 
     def llama_json_schema(self) -> Any:
         """llama-server's top-level `json_schema` field (None when absent or empty)."""
@@ -194,7 +197,6 @@ def to_generation_request(
     runs the choices itself, see `per_choice`).
     """
     fields.check_n(max_choices)
-    fields.check_constraints()
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
     if max_tokens is None or max_tokens == -1:

@@ -15,21 +15,26 @@ log = logging.getLogger(__name__)
 
 
 async def compile_response_format(
-    state: ServerState, response_format: dict[str, Any] | None
+    state: ServerState, response_format: dict[str, Any] | None, gbnf: str | None = None
 ) -> Any:
-    """The compiled grammar `response_format` asks for, or None for plain text.
+    """The compiled grammar `response_format` (or llama-server's GBNF `grammar` field,
+    `gbnf`) asks for, or None for plain text.
 
     `json_schema` gives its schema, `json_object` any JSON object (or llama-server's
-    `schema` beside it). 400 for malformed wrappers, schemas over the limits or that the
-    grammar engine rejects, and tokenizers it cannot drive (`UnsupportedTokenizer`).
+    `schema` beside it). Both a GBNF grammar and a structured `response_format` is a 400,
+    as are malformed wrappers, schemas or grammars over the limits or that the grammar
+    engine rejects, and tokenizers it cannot drive (`UnsupportedTokenizer`).
     """
     from mlxcel.engine.grammar import get_grammar_backend, schema_from_response_format
+    from mlxcel.engine.grammar.gbnf import compile_gbnf
 
     try:
         schema = schema_from_response_format(response_format)
     except (InvalidRequestError, ValueError) as exc:
         raise bad_request(str(exc)) from None
-    if schema is None:
+    if gbnf and schema is not None:
+        raise bad_request("grammar: cannot be combined with a json_schema or json_object format")
+    if schema is None and not gbnf:
         return None
     tokenizer = state.tokenizer
     assert tokenizer is not None
@@ -37,6 +42,9 @@ async def compile_response_format(
         backend = await run_in_threadpool(
             get_grammar_backend, state.settings.grammar_backend, tokenizer
         )
+        if schema is None:
+            assert gbnf is not None
+            return await run_in_threadpool(compile_gbnf, backend, gbnf)
         return await run_in_threadpool(backend.compile_json_schema, schema)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), code=getattr(exc, "code", None)) from None

@@ -118,7 +118,7 @@ class NativeServing:
         """The compiled grammar of llama-server's `json_schema` field or a `json_object` /
         `json_schema` response_format (None for plain text); 400 as on the OpenAI routes."""
         response_format = body.with_json_schema(body.response_format)
-        return await compile_response_format(self.state, response_format)
+        return await compile_response_format(self.state, response_format, body.gbnf_grammar())
 
     def _encode(self, tokenizer: Tokenizer, parts: list[PromptPart]) -> list[int]:
         tokens: list[int] = []

@@ -316,11 +316,13 @@ class ChatServing:
         """
         state = self.state
         assert state.client is not None and state.tokenizer is not None
-        grammar = await compile_response_format(state, body.with_json_schema(body.response_format))
+        grammar = await compile_response_format(
+            state, body.with_json_schema(body.response_format), body.gbnf_grammar()
+        )
         if grammar is not None and _forced_tool_choice(body.tool_choice):
             raise bad_request(
                 "a forced tool_choice cannot be combined with a json_schema or json_object "
-                "response_format"
+                "response_format or a grammar"
             )
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
         tools, prompt_text, tokens, media = await self._render_with_media(body)

@@ -59,7 +59,9 @@ class CompletionServing:
             )
         if body.suffix:
             raise bad_request("suffix is not supported; use POST /infill for fill-in-the-middle")
-        grammar = await compile_response_format(state, body.with_json_schema(body.response_format))
+        grammar = await compile_response_format(
+            state, body.with_json_schema(body.response_format), body.gbnf_grammar()
+        )
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
         tokenizer = state.tokenizer
         tokens = await run_in_threadpool(prompt_tokens, tokenizer, body.prompt)
