@@ -251,6 +251,21 @@ def test_a_store_entry_is_only_removed_when_it_is_damaged(
         gguf.load_gguf(tiny_gguf, store=store)
     assert list(store.root.rglob("mlxcel.json")) == entries  # kept: the entry is fine
 
+    def cannot_open(directory: Path) -> Any:  # mx.load's error when out of descriptors
+        raise RuntimeError("[load_safetensors] Failed to open file")
+
+    def no_descriptors(path: Path, mode: str = "r") -> Any:  # for the store's files
+        if Path(path).is_relative_to(store.root):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return open(path, mode)
+
+    monkeypatch.setattr(gguf, "load_converted", cannot_open)
+    monkeypatch.setattr(gguf, "open", no_descriptors, raising=False)
+    with pytest.raises(RuntimeError, match="Failed to open"):
+        gguf.load_gguf(tiny_gguf, store=store)
+    monkeypatch.delattr(gguf, "open")
+    assert list(store.root.rglob("mlxcel.json")) == entries  # kept again
+
     def truncated(directory: Path) -> Any:
         raise ValueError("incomplete safetensors header")
 

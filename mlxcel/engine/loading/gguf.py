@@ -152,7 +152,7 @@ def load_gguf(
             try:
                 return load_converted(entry)
             except (OSError, ValueError, KeyError, RuntimeError) as exc:
-                if not entry_damaged(exc):
+                if not entry_damaged(exc, entry):
                     raise  # no file limit, permission, ...: the entry may be fine, keep it
                 log.warning("store entry %s unreadable (%s); converting again", entry, exc)
                 with contextlib.suppress(OSError, KeyError):
@@ -175,12 +175,20 @@ def load_gguf(
 _MISSING = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR})
 
 
-def entry_damaged(exc: BaseException) -> bool:
-    """Whether reading a store entry failed because the entry itself is damaged (a file
-    missing, truncated or not what was written) rather than for a reason of this process
-    or system (out of file descriptors or memory, no permission, an I/O error)."""
+def entry_damaged(exc: BaseException, directory: Path) -> bool:
+    """Whether reading the store entry `directory` failed because the entry itself is
+    damaged (a file missing, truncated or not what was written) rather than for a reason of
+    this process or system (out of file descriptors or memory, no permission, an I/O error).
+    A library's own error (`mx.load` raises RuntimeError when it cannot open a file) is
+    looked at again by opening the entry's files."""
     if isinstance(exc, OSError):
         return exc.errno in _MISSING
+    try:
+        for path in directory.iterdir():
+            with open(path, "rb"):
+                pass
+    except OSError as err:
+        return err.errno in _MISSING
     return True
 
 
