@@ -303,6 +303,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l lora-init-without-a
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l lora-scaled
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l main-gpu
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l max-body-size
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l max-connections
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l max-queue-depth
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l mcp-servers-config
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l mcp-servers-json

@@ -202,6 +202,7 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "loop_detection": ("64,4,3", "64,4,3"),
     "metrics_port": ("9100", 9100),
     "max_queue_depth": ("8", 8),
+    "max_connections": ("64", 64),
     "sleep_idle_seconds": ("5", 5),
     "max_body_size": ("1000", 1000),
     "cache_ttl_secs": ("60", 60),

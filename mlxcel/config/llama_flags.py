@@ -714,6 +714,8 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
         sup("conversation_store_ttl_secs")),
     (_MLXCEL, "--max-queue-depth N", "", "",
         sup("max_queue_depth")),
+    (_MLXCEL, "--max-connections N", "", "",
+        sup("max_connections")),
     (_MLXCEL, "--max-body-size BYTES", "", "",
         sup("max_body_size")),
     (_MLXCEL, "--cache-ttl-secs N", "", "",

@@ -493,6 +493,14 @@ class Settings(BaseModel):
     max_queue_depth: int = _f(
         64, "Waiting requests before 503", env="MLXCEL_MAX_QUEUE_DEPTH", group="server", ge=0
     )
+    max_connections: int = _f(
+        0,
+        "Open connections served at once; past it /health still answers, others get 503"
+        " (0 = auto: half the open-file limit, at most 4096)",
+        env="MLXCEL_MAX_CONNECTIONS",
+        group="server",
+        ge=0,
+    )
     sleep_idle_seconds: int = _f(
         -1,
         "Seconds without a request after which the model is unloaded until the next one"

@@ -1,39 +1,153 @@
-"""uvicorn's h11 protocol, answering malformed or oversized request heads in the OpenAI shape.
+"""uvicorn's h11 protocol with mlxcel's connection guard and OpenAI-shaped protocol errors.
 
 h11 rejects a request head larger than its buffer limit (`h11_max_incomplete_event_size`)
 before the application sees it; plain uvicorn answers that with a text/plain 400. Here it
 gets 431 (Request Header Fields Too Large), and other protocol errors a JSON 400.
+
+Each connection also follows `mlxcel.server.connections`: it is closed when it sends
+nothing for `idle_seconds` or takes longer than `head_seconds` to send a request head
+(uvicorn bounds neither for a new connection), and past `max_connections` it is answered
+`/health` or a 503, then closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import h11
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from mlxcel.server.connections import OVERFLOW_HEAD_SECONDS, ConnectionGuard
 from mlxcel.server.errors import error_body
 
 _REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
 
 
 class GuardedH11Protocol(H11Protocol):
-    """H11Protocol whose protocol-level errors use the OpenAI error shape (400 or 431)."""
+    """H11Protocol under a ConnectionGuard, its protocol errors in the OpenAI error shape.
+
+    Built for one guard by `guarded_protocol` (uvicorn instantiates the class itself).
+    """
+
+    guard: ClassVar[ConnectionGuard]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._error_status = 400
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._admitted = False
+        self._overflow = False
         original = self.conn.next_event
 
         def next_event() -> Any:
             try:
-                return original()
+                event = original()
             except h11.RemoteProtocolError as exc:
                 self._error_status = 431 if exc.error_status_hint == 431 else 400
                 raise
+            if self._overflow and isinstance(event, h11.Request):
+                self.guard.head_received(self)
+            return event
 
         self.conn.next_event = next_event  # type: ignore[method-assign]
+
+    # ----------------------------------------------------------------- connection
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        admitted = self.guard.admit(self)
+        if admitted is None:  # no room even past the cap: close before reading anything
+            transport.close()
+            return
+        self._admitted = True
+        if not admitted:
+            self._overflow = True
+            self.app = self._overflow_app(self.app)
+        # uvicorn arms its idle (keep-alive) timer only after a response: arm it for the
+        # first request too, so that a connection that never sends a byte is closed.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+        self._watch_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._cancel_head_timer()
+        self._release()
+
+    def drop(self) -> None:
+        """Close this connection to make room for a newer one (the guard's choice)."""
+        self._release()
+        self._cancel_head_timer()
+        self.transport.close()
+
+    def _release(self) -> None:
+        if self._admitted:
+            self._admitted = False
+            self.guard.release(self)
+
+    # ------------------------------------------------------------ request heads
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._watch_head()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch_head()
+
+    def _watch_head(self) -> None:
+        """Time the request head while one is awaited (from the connection or the end of
+        the previous response until the head is complete); stop timing once it is."""
+        waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        if waiting and self._head_timer is None:
+            seconds = self.guard.limits.head_seconds
+            if self._overflow:
+                seconds = min(seconds, OVERFLOW_HEAD_SECONDS)
+            self._head_timer = self.loop.call_later(seconds, self._head_timed_out, seconds)
+        elif not waiting:
+            self._cancel_head_timer()
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self, seconds: float) -> None:
+        self._head_timer = None
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return
+        if self.conn.trailing_data[0]:  # part of a head came (slowloris), not just silence
+            self.guard.head_timed_out(seconds)
+        self.transport.close()
+
+    # --------------------------------------------------------------- overflow
+
+    def _overflow_app(self, app: ASGIApp) -> ASGIApp:
+        """Past the connection cap: health through `app` and the 503 otherwise, each
+        closing the connection after the answer."""
+        health_paths = self.guard.limits.health_paths
+        refuse = self.guard.over_capacity()
+
+        async def overflow(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope.get("path") not in health_paths:
+                await refuse(scope, receive, send)
+                return
+
+            async def closing_send(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    headers = [*message.get("headers", []), (b"connection", b"close")]
+                    message = {**message, "headers": headers}
+                await send(message)
+
+            await app(scope, receive, closing_send)
+
+        return overflow
+
+    # ----------------------------------------------------------- protocol errors
 
     def send_400_response(self, msg: str) -> None:
         """Send the error answer for a request h11 could not parse, then close."""
@@ -57,3 +171,8 @@ class GuardedH11Protocol(H11Protocol):
         except h11.LocalProtocolError:
             pass  # a response was already under way: just close
         self.transport.close()
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[GuardedH11Protocol]:
+    """The protocol class uvicorn instantiates per connection, bound to `guard`."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"guard": guard})

@@ -4,7 +4,8 @@ One pure ASGI middleware (no BaseHTTPMiddleware: it would buffer streams and hid
 disconnects). Checks run in this order, each answering in the OpenAI error shape (the
 Anthropic shape on the Messages routes, whose SDK sends its key as `x-api-key`):
 
-1. request headers over `max_header_bytes` -> 431;
+1. a request head (URL and headers) over `max_header_bytes` -> 431, or 414 when the URL
+   alone is over it;
 2. with API keys configured, every path but the public ones (`/health`, `/`) and the
    keyless ones (`/models`, `/v1/models`, public in llama-server) needs
    `Authorization: Bearer <key>` (or the raw key, or `X-Api-Key`) -> 401
@@ -94,14 +95,17 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = scope.get("headers") or []
-        head_size = len(scope.get("raw_path") or scope["path"].encode()) + sum(
-            len(k) + len(v) + 4 for k, v in headers
+        target = len(scope.get("raw_path") or scope["path"].encode()) + len(
+            scope.get("query_string") or b""
         )
+        head_size = target + sum(len(k) + len(v) + 4 for k, v in headers)
         if head_size > self.max_header_bytes:
+            too_long = target > self.max_header_bytes  # the URL alone: 414, as llama-server
+            what = "request URI too long" if too_long else "request headers too large"
             response = scope_error(
                 scope,
-                431,
-                f"request headers too large: the limit is {self.max_header_bytes} bytes",
+                414 if too_long else 431,
+                f"{what}: the limit is {self.max_header_bytes} bytes",
                 "invalid_request_error",
             )
             await response(scope, receive, send)

@@ -26,8 +26,15 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from mlxcel.server.app import create_app
+from mlxcel.server.connections import (
+    ConnectionGuard,
+    ConnectionLimits,
+    IgnoreClientDisconnect,
+    open_file_limit,
+    quiet_accept_errors,
+)
 from mlxcel.server.health import is_draining, set_draining
-from mlxcel.server.http11 import GuardedH11Protocol
+from mlxcel.server.http11 import guarded_protocol
 from mlxcel.server.middleware import MAX_HEADER_BYTES
 from mlxcel.server.ops.routes import metrics_app
 from mlxcel.server.state import ServerState
@@ -411,13 +418,25 @@ def _log_level(settings: Settings) -> str:
     return "info" if settings.log_verbosity > 3 else "warning"
 
 
-def uvicorn_config(app: Any, settings: Settings, *, port: int | None = None) -> uvicorn.Config:
-    """The uvicorn configuration for `app` (h11 with the header cap, SSL when given)."""
+def uvicorn_config(
+    app: Any,
+    settings: Settings,
+    *,
+    port: int | None = None,
+    guard: ConnectionGuard | None = None,
+) -> uvicorn.Config:
+    """The uvicorn configuration for `app` (h11 with the header cap and the connection
+    guard, SSL when given); servers of one process share one `guard` (one file limit)."""
+    if guard is None:
+        guard = ConnectionGuard(ConnectionLimits.from_settings(settings))
+    limits = guard.limits
     return uvicorn.Config(
-        app,
+        IgnoreClientDisconnect(app),
         host=settings.host,
         port=settings.port if port is None else port,
-        http=GuardedH11Protocol,
+        http=guarded_protocol(guard),
+        backlog=limits.backlog,
+        timeout_keep_alive=limits.idle_seconds,  # type: ignore[arg-type]
         ws="none",
         lifespan="off",
         log_level=_log_level(settings),
@@ -428,6 +447,21 @@ def uvicorn_config(app: Any, settings: Settings, *, port: int | None = None) -> 
         ssl_certfile=settings.ssl_cert_file,
         server_header=False,
     )
+
+
+def connection_guard(settings: Settings) -> ConnectionGuard:
+    """The connection guard for this process, warning when `--max-connections` asks for
+    more than the open-file limit can hold."""
+    limits = ConnectionLimits.from_settings(settings)
+    files = open_file_limit()
+    if settings.max_connections and limits.exceeds(files):
+        print(
+            f"mlxcel: warning: --max-connections {limits.max_connections} is more than the "
+            f"open-file limit ({files}) can hold; raise it (ulimit -n) or lower the cap",
+            file=sys.stderr,
+            flush=True,
+        )
+    return ConnectionGuard(limits)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -459,11 +493,14 @@ class _Server:
         self.state = state
         self.sockets = sockets
         settings = state.settings
-        self.main = _MainServer(uvicorn_config(create_app(state), settings))
+        guard = connection_guard(settings)
+        self.main = _MainServer(uvicorn_config(create_app(state), settings, guard=guard))
         self.main.state = state
         self.metrics: uvicorn.Server | None = None
         if len(sockets) > 1:
-            config = uvicorn_config(metrics_app(state), settings, port=settings.metrics_port)
+            config = uvicorn_config(
+                metrics_app(state), settings, port=settings.metrics_port, guard=guard
+            )
             self.metrics = _QuietServer(config)
         self.failure: str | None = None
 
@@ -498,6 +535,7 @@ class _Server:
         _announce_sleep(self.state)
 
     async def serve(self) -> None:
+        quiet_accept_errors(asyncio.get_running_loop())
         main = self.main
         tasks = [asyncio.ensure_future(main.serve(sockets=self.sockets[:1]))]
         if self.metrics is not None:
