@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 from test_server_ops import metric_values
 
-from mlxcel.engine.chat.template import ChatTemplate
+from mlxcel.engine.chat.template import ChatTemplate, TemplateError
 from mlxcel.server.middleware import ApiKeys, RequestGuard
 
 PREDICTED = "llamacpp:tokens_predicted_total"
@@ -219,3 +219,13 @@ def test_anthropic_empty_messages_are_accepted_as_llama_server(http: httpx.Clien
     # what is not a list of turns stays a 400
     refused = http.post("/v1/messages", json={**body, "messages": "Hi"})
     assert refused.status_code == 400 and refused.json()["type"] == "error"
+
+
+def test_a_string_plus_undefined_or_none_is_the_string_as_in_llama_cpp() -> None:
+    """llama.cpp's Jinja runtime adds a string and an undefined value (or None) as if the
+    latter were "" (the Firefunction v2 template adds its never-defined `functions`);
+    any other arithmetic on an undefined value is still an error."""
+    source = '{%- set x = "Functions:" + functions -%}{{ x }}|{{ none + "b" }}|{{ "c" + none }}'
+    assert ChatTemplate(source, bos_token="", eos_token="").render([]) == "Functions:|b|c"
+    with pytest.raises(TemplateError):
+        ChatTemplate("{{ 1 + functions }}", bos_token="", eos_token="").render([])

@@ -316,6 +316,10 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             and right > _MAX_EXPONENT
         ):
             raise SecurityError(f"exponent {right} is too large")
+        if operator == "+" and _string_and_nothing(left, right):
+            # llama.cpp's Jinja runtime adds a string and an undefined value (or None) as if
+            # the latter were "" (the Firefunction v2 template adds its undefined `functions`).
+            return check_result(_text(left) + _text(right), operator)
         check_binop(operator, left, right)
         return check_result(super().call_binop(context, operator, left, right), operator)
 
@@ -351,6 +355,18 @@ def _raise_exception(message: Any = "") -> NoReturn:
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(str(fmt))
+
+
+def _string_and_nothing(left: Any, right: Any) -> bool:
+    """Whether one operand is a string and the other undefined or None."""
+    nothing = (jinja2.Undefined, type(None))
+    return (isinstance(left, str) and isinstance(right, nothing)) or (
+        isinstance(right, str) and isinstance(left, nothing)
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _date_context() -> dict[str, str]:
