@@ -23,12 +23,13 @@ from mlxcel.server.errors import APIError, bad_request
 
 MAX_JSON_DEPTH = 128
 """Deepest nesting of arrays and objects a request body may have (a JSON schema in a
-request needs a few dozen levels at most); deeper is a 400 before anything walks it."""
+request needs a few dozen levels at most); deeper is a 400 before the route sees it."""
 
-# A `\u` escape of a UTF-16 surrogate (D800-DFFF) somewhere in the raw body: only then can
-# a decoded string hold a lone surrogate, so only then are the strings checked.
+# Only a `\u` escape of a UTF-16 surrogate (D800-DFFF) in the raw body can give a decoded
+# string a lone surrogate, so only then are the strings checked.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
+_CONTAINERS = frozenset({dict, list})
 
 
 def decode_json_body(raw: bytes, what: str = "request body") -> Any:
@@ -40,10 +41,10 @@ def decode_json_body(raw: bytes, what: str = "request body") -> Any:
         raise _too_deep(what) from None
     except (ValueError, UnicodeDecodeError):
         raise bad_request(f"{what} is not valid JSON") from None
-    check_surrogates = _SURROGATE_ESCAPE.search(raw) is not None
-    check_depth = raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
-    if check_surrogates or check_depth:
-        _inspect(payload, what, surrogates=check_surrogates)
+    if _nested_too_deeply(payload):
+        raise _too_deep(what)
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_strings(payload, what)
     return payload
 
 
@@ -58,14 +59,30 @@ def _too_deep(what: str) -> APIError:
     )
 
 
-def _inspect(payload: Any, what: str, *, surrogates: bool) -> None:
-    """Walk `payload` without recursion: 400 past MAX_JSON_DEPTH, or (with `surrogates`)
-    for the first string or key holding a lone surrogate, naming where it is."""
-    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(payload, 0, ())]
+def _nested_too_deeply(payload: Any) -> bool:
+    """Whether `payload` nests arrays and objects more than MAX_JSON_DEPTH levels, one
+    level at a time (no recursion); a container of scalars only is skipped at C speed."""
+    level = [payload] if type(payload) in _CONTAINERS else []
+    for _ in range(MAX_JSON_DEPTH):
+        deeper: list[Any] = []
+        for node in level:
+            children = node.values() if type(node) is dict else node
+            if not _CONTAINERS.isdisjoint(map(type, children)):
+                deeper.extend(c for c in children if type(c) in _CONTAINERS)
+        if not deeper:
+            return False
+        level = deeper
+    return True
+
+
+def _check_strings(payload: Any, what: str) -> None:
+    """400 for the first string or object key of `payload` holding a lone surrogate,
+    naming where it is (walked without recursion)."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(payload, ())]
     while stack:
-        node, depth, path = stack.pop()
+        node, path = stack.pop()
         if isinstance(node, str):
-            if surrogates and not node.isascii():
+            if not node.isascii():
                 _check_text(node, path, what)
             continue
         if isinstance(node, dict):
@@ -74,13 +91,11 @@ def _inspect(payload: Any, what: str, *, surrogates: bool) -> None:
             children = enumerate(node)
         else:
             continue
-        if depth >= MAX_JSON_DEPTH:
-            raise _too_deep(what)
         for key, child in children:
-            if surrogates and isinstance(key, str) and not key.isascii():
+            if isinstance(key, str) and not key.isascii():
                 _check_text(key, path, what)
             if isinstance(child, (str, dict, list)):
-                stack.append((child, depth + 1, (*path, key)))
+                stack.append((child, (*path, key)))
 
 
 def _check_text(text: str, path: tuple[str | int, ...], what: str) -> None:
