@@ -316,3 +316,32 @@ def test_every_typed_json_body_is_read_by_read_json_body() -> None:
     ]
     assert {"/v1/embeddings", "/v1/rerank", "/v1/audio/speech"} <= {r.path for r in typed}
     assert [r.path for r in typed if not isinstance(r, JsonBodyRoute)] == []
+
+
+def test_json_inside_tool_call_arguments_gets_the_same_checks(server: ServeProcess) -> None:
+    """An assistant message's `tool_calls[].function.arguments` is JSON text the server
+    parses for the template: too deep, or with a lone surrogate escape, it is kept as the
+    string it is (as arguments that are not JSON are), never a 500."""
+    parts = urlsplit(server.url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+    try:
+        for arguments in ("[" * 200_000 + "]" * 200_000, '{"city": "\\ud800"}', "{"):
+            call = {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "f", "arguments": arguments},
+            }
+            body = {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                ],
+                "max_tokens": 2,
+            }
+            for path in ("/v1/chat/completions", "/apply-template"):
+                status, _, data = exchange(conn, path, json.dumps(body).encode())
+                assert status == 200, (path, arguments[:20], data[:300])
+    finally:
+        conn.close()
+    assert_still_up(server)

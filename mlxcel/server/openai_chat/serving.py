@@ -3,7 +3,6 @@ become the answer."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,8 +16,9 @@ from mlxcel.engine.chat.tool_calls.base import ParseResult
 from mlxcel.engine.prompting import PromptError, render_chat
 from mlxcel.engine.text.thinking_budget import ThinkingBudget
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
-from mlxcel.server.errors import bad_request, scrub_paths, server_busy
+from mlxcel.server.errors import APIError, bad_request, scrub_paths, server_busy
 from mlxcel.server.generation import Job
+from mlxcel.server.json_body import decode_json_body
 from mlxcel.server.media import MediaError
 from mlxcel.server.media.parts import collect_media, has_media, prepare_off_loop
 from mlxcel.server.openai_chat.encoder import ChatEncoder
@@ -115,9 +115,9 @@ def _template_message(
             function = call.get("function")
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):
                 function = dict(function)
-                try:
-                    parsed = json.loads(function["arguments"])
-                except ValueError:
+                try:  # too deep or a lone surrogate: kept as text, as non-JSON is
+                    parsed = decode_json_body(function["arguments"].encode(), "arguments")
+                except APIError:
                     parsed = None
                 if isinstance(parsed, dict):  # templates expect an object, as transformers does
                     function["arguments"] = parsed
