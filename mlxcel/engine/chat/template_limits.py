@@ -7,7 +7,10 @@ string or a list is checked *before* it runs where an argument sets the size (a 
 count, a separator times the items) and its result after; the rendered text, the body of a
 macro or `{% set %}` block and every value printed are bounded too. Past `MAX_TEMPLATE_SIZE`
 characters (or items) the render fails with SecurityError "... is too large", which the
-template layer reports as a one-line TemplateError (a 400 on the server).
+template layer reports as a one-line TemplateError (a 400 on the server). Each render also
+has a budget (`render_budget`): MAX_BUILT characters built in all, MAX_LOOP_STEPS loop
+iterations, so that many strings within the limit, or loops that build nothing, cannot
+run away either.
 """
 
 from __future__ import annotations
