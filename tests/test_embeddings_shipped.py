@@ -93,3 +93,33 @@ def test_chat_server_without_embedding_model_points_at_embedding_model(
             assert "`--embedding-model MODEL`" in error["message"]
             assert "`--embedding-model default`" in error["message"]
             assert "`--embeddings`" not in error["message"]
+
+
+@pytest.mark.skipif(
+    MINILM is None or WHISPER is None, reason="the shipped MiniLM or Whisper is not installed"
+)
+def test_side_models_without_a_chat_model_all_load() -> None:
+    """`--embedding-model default --audio-model tiny.en` and no -m: both side models serve
+    (the embedding model used to be dropped silently), and /health names them."""
+    from fixtures.audio import SENTENCE, speech_wav
+
+    args = ["--embedding-model", "default", "--audio-model", "tiny.en", "-c", "512"]
+    with serve(args) as server, server.client() as http:
+        health = http.get("/health").json()
+        assert health["model"] == "all-MiniLM-L6-v2"
+        assert health["models"] == ["all-MiniLM-L6-v2", "whisper-tiny.en"]
+        embedded = http.post("/v1/embeddings", json={"input": "a cat sleeps"})
+        assert embedded.status_code == 200, embedded.text
+        assert len(embedded.json()["data"][0]["embedding"]) == 384
+        wav = speech_wav().read_bytes()
+        heard = http.post(
+            "/v1/audio/transcriptions",
+            files={"file": ("speech.wav", wav, "audio/wav")},
+            data={"model": "whisper-1"},
+        )
+        assert heard.status_code == 200, heard.text
+        assert "lazy dog" in heard.json()["text"].lower(), SENTENCE
+        chat = http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert chat.status_code == 501, chat.text

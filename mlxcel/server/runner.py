@@ -37,6 +37,7 @@ from mlxcel.server.health import is_draining, set_draining
 from mlxcel.server.http11 import guarded_protocol
 from mlxcel.server.middleware import MAX_HEADER_BYTES
 from mlxcel.server.ops.routes import metrics_app
+from mlxcel.server.served_models import audio_wanted, chat_model_wanted, check_models
 from mlxcel.server.state import ServerState
 
 if TYPE_CHECKING:
@@ -121,26 +122,6 @@ def check_ssl(settings: Settings) -> None:
             raise SettingsError(f"{label}: file not found: {value}")
 
 
-def audio_wanted(settings: Settings) -> bool:
-    """Whether `--audio-model` or `--tts-model` asks for an audio worker."""
-    return bool(settings.audio_model or settings.tts_model)
-
-
-def audio_only(settings: Settings) -> bool:
-    """An audio model and no chat model: chat and completion routes answer 501."""
-    return audio_wanted(settings) and not settings.model and not settings.embedding
-
-
-def image_only(settings: Settings) -> bool:
-    """An image model and no chat, embedding or audio model: chat routes answer 501."""
-    return (
-        bool(settings.image_model)
-        and not settings.model
-        and not settings.embedding
-        and not audio_wanted(settings)
-    )
-
-
 def start_image_worker(state: ServerState) -> None:
     """Load `--image-model` and start its worker on `state.image` (ModelLoadError on failure)."""
     from mlxcel.engine.image import load_image_model
@@ -197,56 +178,6 @@ def speculation_config(settings: Settings, loaded: LoadedModel) -> SpeculationCo
     )
 
 
-def check_model_reference(settings: Settings) -> None:
-    """Refuse, before the port opens, a text model that cannot be found (ModelLoadError).
-
-    A missing file or directory, a file that is not GGUF, a GGUF whose header does not
-    parse, a directory without `config.json` or an uncached repo id with downloads off: the
-    server then exits 2 without ever announcing a port. The weights load after binding.
-    """
-    from mlxcel.engine.errors import ModelLoadError
-    from mlxcel.engine.loading.default_model import default_model_path
-    from mlxcel.server.embeddings.services import text_engine_wanted
-
-    if audio_only(settings) or not text_engine_wanted(settings):
-        return
-    ref = settings.model
-    if not ref:
-        default_model_path()  # ModelLoadError naming the package to install
-        return
-    path = Path(ref).expanduser()
-    if path.is_file():
-        from mlxcel.engine.loading.gguf import read_gguf_header
-
-        with path.open("rb") as f:
-            magic = f.read(4)
-        if magic != b"GGUF":
-            raise ModelLoadError(f"{ref}: not a GGUF file or a model directory")
-        try:
-            read_gguf_header(path)
-        except ValueError as exc:  # says "truncated or corrupt GGUF" and what is missing
-            raise ModelLoadError(f"{ref}: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - any parse failure means a damaged file
-            raise ModelLoadError(f"{ref}: truncated or corrupt GGUF header ({exc})") from None
-    elif path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(
-                f"{path.name}: no config.json; not an MLX or Hugging Face model directory"
-            )
-    else:
-        from mlxcel.engine.loading.hf_cache import hf_offline, looks_like_repo_id, resolve_hf_repo
-
-        if not looks_like_repo_id(ref):
-            raise ModelLoadError(
-                f"{ref}: no such file or directory, and not a Hugging Face repo id"
-            )
-        if hf_offline():
-            try:
-                resolve_hf_repo(ref, allow_download=False)
-            except ValueError as exc:
-                raise ModelLoadError(str(exc).splitlines()[0]) from None
-
-
 def check_memory_budget_setting() -> None:
     """Refuse to start (SettingsError) on an invalid MLXCEL_REQUEST_MEMORY_BUDGET."""
     from mlxcel.config import SettingsError
@@ -263,20 +194,12 @@ def load_into(state: ServerState) -> None:
     from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.text.scheduler import TextEngine
     from mlxcel.server.bridge import EngineClient
-    from mlxcel.server.embeddings.services import (
-        EmbeddingServices,
-        build_services,
-        text_engine_wanted,
-    )
+    from mlxcel.server.embeddings.services import EmbeddingServices, build_services
 
     settings = state.settings
+    state.embeddings = EmbeddingServices(loading=True)  # the server is loading meanwhile
     if settings.image_model:
-        state.embeddings = EmbeddingServices(loading=True)  # the server is loading meanwhile
         start_image_worker(state)
-        if image_only(settings):
-            state.text_engine = False
-            state.embeddings = None
-            return
     if audio_wanted(settings):
         from mlxcel.engine.workers.audio import AudioWorker
 
@@ -287,11 +210,7 @@ def load_into(state: ServerState) -> None:
             queue_depth=settings.audio_queue_depth,
             timeout=settings.audio_timeout,
         ).start()
-        if audio_only(settings):
-            state.text_engine = False
-            return
-    state.embeddings = EmbeddingServices(loading=True)
-    if not text_engine_wanted(settings):
+    if not chat_model_wanted(settings):  # side models only: no text engine
         state.text_engine = False
         state.embeddings = build_services(settings)
         return
@@ -657,7 +576,7 @@ def run_server(settings: Settings) -> int:
     chat_template_text(settings)  # fail on an unreadable template file before binding
     check_memory_budget_setting()
     try:
-        check_model_reference(settings)  # never announce a port that then disappears
+        check_models(settings)  # never announce a port that then disappears
     except ModelLoadError as exc:
         print(f"mlxcel: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -91,11 +91,29 @@ class ServerState:
     @property
     def model_name(self) -> str:
         """The name the API reports: the first `--alias` (sorted, as llama-server), else
-        the model's name."""
+        the chat model's name, else (no chat model) the first side model's."""
         aliases = self.settings.alias_names()
         if aliases:
             return aliases[0]
-        return self.model_info.name if self.model_info is not None else "unknown"
+        if self.model_info is not None:
+            return self.model_info.name
+        side = self.side_model_names
+        return side[0] if side else "unknown"
+
+    @property
+    def side_model_names(self) -> list[str]:
+        """The loaded embedding, rerank, speech-to-text, text-to-speech and image models'
+        names, in that order, each once."""
+        names: list[str] = []
+        services = self.embeddings
+        if services is not None:
+            names += [s.model_name for s in (services.embeddings, services.rerank) if s]
+        if self.audio is not None:
+            names += [m.name for m in (self.audio.models.stt, self.audio.models.tts) if m]
+        image = getattr(self, "image", None)  # set by the runner with `--image-model`
+        if image is not None:
+            names.append(image.model.name)
+        return list(dict.fromkeys(names))
 
 
 def get_state(request: Request) -> ServerState:

@@ -90,31 +90,38 @@ def is_kokoro_dir(path: Path) -> bool:
     )
 
 
-def load_kokoro(ref: str | None) -> KokoroModel:
-    """Load the Kokoro model in directory (or cached Hugging Face repo) `ref`."""
+def locate_kokoro(ref: str | None) -> tuple[Path, str]:
+    """(checkpoint directory, display name) of the Kokoro model `ref` names, reading no
+    weights (cheap enough to run before a server binds); ModelLoadError when there is none."""
     if not ref:
         raise ModelLoadError(
             "no text-to-speech model given: pass a Kokoro-82M directory with -m / --tts-model "
             "(for example an mlx-community/Kokoro-82M-bf16 snapshot)"
         )
     path = _model_path(ref)
-    config = _read_config(path)
-    if config is None or not is_kokoro_dir(path):
+    if not is_kokoro_dir(path):
         raise ModelLoadError(f"{ref}: not a Kokoro model directory (no Kokoro config.json)")
+    return path, path.name if Path(os.path.expanduser(ref)).is_dir() else ref
+
+
+def load_kokoro(ref: str | None) -> KokoroModel:
+    """Load the Kokoro model in directory (or cached Hugging Face repo) `ref`."""
+    path, name = locate_kokoro(ref)
+    config = _read_config(path) or {}  # locate_kokoro found it
     from mlxcel.engine.loading.safety import check_model_dir
 
     check_model_dir(path)
     try:
         model = _build(path, config)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"{ref}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"{name}: {_first_line(exc)}") from exc
     voices = {p.stem: p for p in sorted((path / "voices").glob("*.safetensors"))}
     if not voices:
-        raise ModelLoadError(f"{ref}: no voice packs (voices/*.safetensors)")
+        raise ModelLoadError(f"{name}: no voice packs (voices/*.safetensors)")
     context = int(model.context_length)
     return KokoroModel(
         model=model,
-        name=path.name if Path(os.path.expanduser(ref)).is_dir() else ref,
+        name=name,
         path=path,
         voices=voices,
         sample_rate=int(config.get("sample_rate", 24_000)),

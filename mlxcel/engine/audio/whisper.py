@@ -61,20 +61,44 @@ def default_whisper_source() -> Path:
     )
 
 
+def locate_whisper(ref: str | None) -> tuple[Path, str, str]:
+    """(model directory, display name, source kind) for `ref`, before any conversion.
+
+    Reads no weights (cheap enough to run before a server binds); ModelLoadError when `ref`
+    names no Whisper model: a missing path, a file, an uncached repo id, or a directory that
+    is neither mlx-whisper's layout nor a CTranslate2 model.
+    """
+    if not ref or ref in DEFAULT_STT_ALIASES:
+        return default_whisper_source(), DEFAULT_STT_NAME, "default"
+    path = Path(os.path.expanduser(ref))
+    name, source = path.name, ""
+    if not path.is_dir():
+        if path.exists():
+            raise ModelLoadError(f"{ref}: not a Whisper model directory")
+        from mlxcel.engine.loading.hf_cache import looks_like_repo_id
+
+        if not looks_like_repo_id(ref):
+            raise ModelLoadError(f"{ref}: no such directory, and not a Hugging Face repo id")
+        path, name, source = _cached_repo(ref), ref, "hf-cache"
+    if ct2.is_ct2_dir(path):
+        return path, name, source or "ctranslate2"
+    if is_mlx_whisper_dir(path):
+        return path, name, source or "mlx"
+    raise ModelLoadError(
+        f"{name}: not a Whisper model directory (expected mlx-whisper's config.json + "
+        "weights.safetensors, or a CTranslate2 model.bin)"
+    )
+
+
 def resolve_whisper(ref: str | None, *, store_dir: str | None = None) -> tuple[Path, str, str]:
     """(mlx-whisper directory, display name, source kind) for `ref`, converting if needed."""
-    if not ref or ref in DEFAULT_STT_ALIASES:
-        return _converted(default_whisper_source(), store_dir), DEFAULT_STT_NAME, "default"
-    path = Path(os.path.expanduser(ref))
-    if path.is_dir():
-        return _model_dir(path, store_dir, name=path.name, source="")
-    if path.exists():
-        raise ModelLoadError(f"{ref}: not a Whisper model directory")
-    from mlxcel.engine.loading.hf_cache import looks_like_repo_id
+    path, name, source = locate_whisper(ref)
+    if ct2.is_ct2_dir(path):
+        return _converted(path, store_dir), name, source
+    from mlxcel.engine.loading.safety import check_model_dir
 
-    if not looks_like_repo_id(ref):
-        raise ModelLoadError(f"{ref}: no such directory, and not a Hugging Face repo id")
-    return _model_dir(_cached_repo(ref), store_dir, name=ref, source="hf-cache")
+    check_model_dir(path)
+    return path, name, source
 
 
 def load_whisper(
@@ -143,22 +167,6 @@ def load_whisper(
 def is_mlx_whisper_dir(path: Path) -> bool:
     """Whether `path` holds an mlx-whisper checkpoint."""
     return (path / "config.json").is_file() and any((path / w).is_file() for w in _MLX_WEIGHTS)
-
-
-def _model_dir(
-    path: Path, store_dir: str | None, *, name: str, source: str
-) -> tuple[Path, str, str]:
-    if ct2.is_ct2_dir(path):
-        return _converted(path, store_dir), name, source or "ctranslate2"
-    if is_mlx_whisper_dir(path):
-        from mlxcel.engine.loading.safety import check_model_dir
-
-        check_model_dir(path)
-        return path, name, source or "mlx"
-    raise ModelLoadError(
-        f"{name}: not a Whisper model directory (expected mlx-whisper's config.json + "
-        "weights.safetensors, or a CTranslate2 model.bin)"
-    )
 
 
 def _converted(source: Path, store_dir: str | None) -> Path:

@@ -7,6 +7,7 @@ sigmoid equals the softmax probability of "yes" against "no".
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -28,6 +29,39 @@ PROMPT_HEAD = (
     "<|im_start|>user\n<Instruct>: {instruction}\n<Query>: {query}\n<Document>: "
 )
 PROMPT_TAIL = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def not_a_yes_no_reranker(name: str, yes: str = "yes", no: str = "no") -> str:
+    """Why the causal model `name` cannot rank (one line, naming what ranking needs)."""
+    return (
+        f"{name}: the vocabulary has no single {yes!r}/{no!r} tokens; not a yes/no reranker "
+        "(ranking needs a cross-encoder, an embedding encoder or a yes/no decoder such as "
+        "Qwen3-Reranker)"
+    )
+
+
+def check_yes_no_vocabulary(path: Path, *, yes: str = "yes", no: str = "no") -> None:
+    """Refuse (ModelLoadError) a causal model whose vocabulary lacks single `yes`/`no` tokens,
+    reading only a GGUF header or a directory's `tokenizer.json` (no weights). Vocabularies
+    it cannot read that way (a SentencePiece model file) pass; loading checks them."""
+    vocabulary = _vocabulary(path)
+    if vocabulary is not None and not {yes, no} <= vocabulary:
+        raise ModelLoadError(not_a_yes_no_reranker(path.stem if path.is_file() else path.name))
+
+
+def _vocabulary(path: Path) -> set[str] | None:
+    """The token strings of the model at `path` (a GGUF file or a model directory), or None."""
+    if path.is_file():
+        from mlxcel.engine.loading.gguf import read_gguf_header
+
+        tokens = read_gguf_header(path).metadata.get("tokenizer.ggml.tokens")
+        return {str(t) for t in tokens} if tokens is not None else None
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return set(Tokenizer.from_file(str(file)).get_vocab(with_added_tokens=True))
 
 
 class GenerativeReranker(Reranker):
@@ -52,10 +86,7 @@ class GenerativeReranker(Reranker):
         self.tail = tail
         ids = [self.model.tokenizer.token_id(word) for word in (yes, no)]
         if ids[0] is None or ids[1] is None:
-            raise ModelLoadError(
-                f"{self.name}: the vocabulary has no single {yes!r}/{no!r} tokens; "
-                "not a yes/no reranker"
-            )
+            raise ModelLoadError(not_a_yes_no_reranker(self.name, yes, no))
         self.yes_id, self.no_id = int(ids[0]), int(ids[1])
 
     def prepare(

@@ -106,6 +106,30 @@ def is_encoder_model(ref: str | None) -> bool:
         return False
 
 
+def check_embedding_ref(ref: str | None) -> None:
+    """Refuse, without reading weights, a reference `load_embedder` cannot load (ModelLoadError):
+    `default` (or None) needs the shipped model, anything else the text loader's checks."""
+    from mlxcel.engine.loading.resolve import check_model_ref
+
+    if is_default_ref(ref):
+        default_embedding_model_dir()
+    else:
+        check_model_ref(ref)
+
+
+def check_reranker_ref(ref: str | None) -> None:
+    """`check_embedding_ref` for `load_reranker`, plus what a causal model needs to rank: single
+    "yes" and "no" tokens in its vocabulary (encoders rank by their head or by cosine)."""
+    check_embedding_ref(ref)
+    if ref is None or is_encoder_model(ref):
+        return
+    path = Path(os.path.expanduser(ref))
+    if path.exists():
+        from mlxcel.engine.embeddings.generative import check_yes_no_vocabulary
+
+        check_yes_no_vocabulary(path)
+
+
 def load_embedder(
     ref: str | None,
     *,

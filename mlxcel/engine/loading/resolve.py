@@ -57,6 +57,47 @@ def load_model(
     return loaded
 
 
+def check_model_ref(ref: str | None) -> None:
+    """Refuse a model reference that cannot be loaded, without reading weights (ModelLoadError).
+
+    None (the embedded default) needs its package; a file must be a GGUF file whose header
+    parses; a directory needs `config.json`; anything else must look like a Hugging Face repo
+    id, and be cached when downloads are off. Cheap enough to run before a server binds.
+    """
+    if not ref:
+        default_model_path()  # ModelLoadError naming the package to install
+        return
+    path = Path(os.path.expanduser(ref))
+    if path.is_file():
+        from mlxcel.engine.loading.gguf import read_gguf_header
+
+        if not _has_gguf_magic(path):
+            raise ModelLoadError(f"{ref}: not a GGUF file or a model directory")
+        try:
+            read_gguf_header(path)
+        except ValueError as exc:  # says "truncated or corrupt GGUF" and what is missing
+            raise ModelLoadError(f"{ref}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - any parse failure means a damaged file
+            raise ModelLoadError(f"{ref}: truncated or corrupt GGUF header ({exc})") from None
+    elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path.name}: no config.json; not an MLX or Hugging Face model directory"
+            )
+    else:
+        from mlxcel.engine.loading.hf_cache import hf_offline, looks_like_repo_id, resolve_hf_repo
+
+        if not looks_like_repo_id(ref):
+            raise ModelLoadError(
+                f"{ref}: no such file or directory, and not a Hugging Face repo id"
+            )
+        if hf_offline():
+            try:
+                resolve_hf_repo(ref, allow_download=False)
+            except ValueError as exc:
+                raise ModelLoadError(str(exc).splitlines()[0]) from None
+
+
 def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
     import mlx.core as mx
 
