@@ -1,4 +1,4 @@
-"""Decode-step attention on mlxcel's CPU kernel (cpu_kernels/attention.py)."""
+"""CPU attention on mlxcel's kernel, decode and prefill (cpu_kernels/attention.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcel.engine.cpu_kernels.attention import (
-    ATTENTION_MAX_ROWS,
-    _kernel_mask,
-    use_attention_kernel,
-)
+from mlxcel.engine.cpu_kernels.attention import _kernel_mask, use_attention_kernel
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the CPU kernel is built for Linux's CPU backend only"
@@ -44,6 +40,9 @@ def _qkv(b: int, hq: int, hkv: int, rows: int, keys: int, dim: int) -> tuple[mx.
         (2, 6, 3, 1, 50, 64, "bool"),
         (2, 6, 3, 4, 50, 64, "additive"),
         (1, 2, 1, 16, 16, 8, "causal"),
+        (1, 9, 3, 70, 70, 64, "causal"),  # a prefill
+        (1, 9, 3, 40, 95, 64, "causal"),  # a prefill after a prompt-cache hit
+        (2, 6, 3, 33, 50, 64, "additive"),  # a batched prefill with left padding
     ],
 )
 def test_kernel_matches_mlx_attention(
@@ -124,20 +123,17 @@ def test_split_across_threads_is_bit_identical(kernels: ModuleType, mask: str | 
     np.testing.assert_allclose(two, np.array(want), atol=2e-6, rtol=1e-5)
 
 
-def test_wrapper_routes_few_rows_to_the_kernel_and_the_rest_to_mlx(kernels: ModuleType) -> None:
+def test_wrapper_routes_float32_cpu_calls_to_the_kernel(kernels: ModuleType) -> None:
     assert use_attention_kernel(kernels)
     assert use_attention_kernel(kernels)  # idempotent: wrapped once
     sdpa = mx.fast.scaled_dot_product_attention
     original = sdpa.mlxcel_original  # type: ignore[attr-defined]
     assert not hasattr(original, "mlxcel_original")
-    q, k, v = _qkv(1, 4, 2, ATTENTION_MAX_ROWS, 40, 32)
-    via_kernel = kernels.attention(q, k, v, 0.3, 1, None)
-    assert np.array_equal(np.array(sdpa(q, k, v, scale=0.3, mask="causal")), np.array(via_kernel))
-    q, k, v = _qkv(1, 4, 2, ATTENTION_MAX_ROWS + 1, 40, 32)  # prefill: MLX's own path
-    assert np.array_equal(
-        np.array(sdpa(q, k, v, scale=0.3, mask="causal")),
-        np.array(original(q, k, v, scale=0.3, mask="causal")),
-    )
+    for rows in (1, 16, 17, 200):  # decode, verify rounds and prefill alike
+        q, k, v = _qkv(1, 4, 2, rows, 200, 32)
+        via_kernel = kernels.attention(q, k, v, 0.3, 1, None)
+        got = sdpa(q, k, v, scale=0.3, mask="causal")
+        assert np.array_equal(np.array(got), np.array(via_kernel)), rows
     half = [a.astype(mx.float16) for a in _qkv(1, 4, 2, 1, 8, 32)]
     assert sdpa(*half, scale=0.3).dtype == mx.float16  # other dtypes: MLX's own path
     q, k, _ = _qkv(1, 4, 2, 1, 8, 32)
@@ -145,6 +141,22 @@ def test_wrapper_routes_few_rows_to_the_kernel_and_the_rest_to_mlx(kernels: Modu
     assert np.array_equal(
         np.array(sdpa(q, k, v, scale=0.3)), np.array(original(q, k, v, scale=0.3))
     )
+
+
+@pytest.mark.parametrize("split", [1, 10, 16, 17, 30])
+def test_a_rows_attention_does_not_depend_on_how_the_prompt_was_split(
+    kernels: ModuleType, split: int
+) -> None:
+    """A prompt prefilled at once, or its first `split` tokens first (a prompt-cache hit)
+    and the rest after: every row's attention is the same bit for bit (it was not when
+    calls of up to 16 rows went to the kernel and longer ones to MLX's function)."""
+    use_attention_kernel(kernels)
+    sdpa = mx.fast.scaled_dot_product_attention
+    q, k, v = _qkv(1, 9, 3, 40, 40, 64)
+    whole = np.array(sdpa(q, k, v, scale=0.125, mask="causal"))
+    head = sdpa(q[:, :, :split], k[:, :, :split], v[:, :, :split], scale=0.125, mask="causal")
+    tail = sdpa(q[:, :, split:], k, v, scale=0.125, mask="causal")
+    assert np.array_equal(np.concatenate([np.array(head), np.array(tail)], axis=2), whole)
 
 
 def test_bad_shapes_are_clear_errors(kernels: ModuleType) -> None:
