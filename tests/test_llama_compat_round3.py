@@ -229,3 +229,40 @@ def test_a_string_plus_undefined_or_none_is_the_string_as_in_llama_cpp() -> None
     assert ChatTemplate(source, bos_token="", eos_token="").render([]) == "Functions:|b|c"
     with pytest.raises(TemplateError):
         ChatTemplate("{{ 1 + functions }}", bos_token="", eos_token="").render([])
+
+
+# ----------------------------------------------------------------------------- __verbose
+
+
+def test_verbose_field_adds_the_native_result(http: httpx.Client) -> None:
+    """llama-server's `verbose: true` puts its native result object under `__verbose` on
+    chat and completions answers, collected and streamed (its `prompt` is the prompt the
+    model read, its `content` the answer); without it there is none."""
+    tokens = http.post("/tokenize", json={"content": "Say hi", "add_special": True}).json()[
+        "tokens"
+    ]
+    prompt_text = http.post("/detokenize", json={"tokens": tokens}).json()["content"]
+    chat = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 3}
+    body = http.post("/v1/chat/completions", json={**chat, "verbose": True}).json()
+    report = body["__verbose"]
+    assert "Say hi" in report["prompt"] and report["stop"] is True
+    assert report["content"] == body["choices"][0]["message"]["content"]
+    assert report["tokens_predicted"] == body["usage"]["completion_tokens"]
+    assert report["generation_settings"]["n_predict"] == 3
+    assert "__verbose" not in http.post("/v1/chat/completions", json=chat).json()
+    assert (
+        "__verbose" not in http.post("/v1/chat/completions", json={**chat, "verbose": False}).json()
+    )
+
+    chunks = _sse(http.post("/v1/chat/completions", json={**chat, "verbose": True, "stream": True}))
+    (last,) = [c for c in chunks if c.get("__verbose")]
+    assert last["choices"][0]["finish_reason"] is not None
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert last["__verbose"]["content"] == text
+
+    legacy = {"prompt": "Say hi", "max_tokens": 3, "verbose": True}
+    completion = http.post("/v1/completions", json=legacy).json()
+    assert completion["__verbose"]["prompt"] == prompt_text
+    assert completion["__verbose"]["content"] == completion["choices"][0]["text"]
+    bad = http.post("/v1/chat/completions", json={**chat, "verbose": "yes"})
+    assert bad.status_code == 400 and "verbose" in bad.json()["error"]["message"]

@@ -112,6 +112,16 @@ class SamplingFields(_KnobFields):
         request.timings_per_token = stream and bool(self.timings_per_token)
         request.progress = stream and bool(self.return_progress)
 
+    def wants_verbose(self, server_verbose: bool) -> bool:
+        """llama-server's `verbose` field (a `__verbose` debug object in the answer); its
+        default is the server's `--verbose`."""
+        value = (self.model_extra or {}).get("verbose")
+        if value is None:
+            return server_verbose
+        if not isinstance(value, bool):
+            raise bad_request("verbose: must be a boolean")
+        return value
+
     def gbnf_grammar(self) -> str | None:
         """llama-server's GBNF `grammar` field (None when absent or empty); a non-string is
         a 400."""

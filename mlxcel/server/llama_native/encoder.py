@@ -235,3 +235,33 @@ class NativeEncoder(Encoder):
         if request.max_tokens is not None and final.completion_tokens >= request.max_tokens:
             return False
         return final.prompt_tokens + final.completion_tokens >= n_ctx
+
+
+class VerboseReport:
+    """llama-server's `__verbose` debug object on an OpenAI-compatible answer: the native
+    result object of the same generation (its `prompt` is the prompt as the model read it).
+
+    Sent when the request says `verbose: true`, or by default under the server's
+    `--verbose`, as llama-server does; on a stream, with the last chunk of the first choice.
+    """
+
+    def __init__(
+        self, state: ServerState, request: GenerationRequest, model: str, *, stream: bool
+    ) -> None:
+        limit = -1 if request.max_tokens is None else request.max_tokens
+        body = NativeCompletionRequest.model_validate({"stream": stream, "n_predict": limit})
+        self._native = NativeEncoder(state, body, [request], model, single=True)
+        self._text: list[str] = []
+
+    def feed(self, event: GenerationEvent) -> None:
+        """Note one streamed event of the first choice (its text)."""
+        if event.text:
+            self._text.append(event.text)
+
+    def collected(self, events: list[GenerationEvent]) -> dict[str, Any]:
+        """The object for a collected answer (the first choice's events)."""
+        return self._native._result(0, events, events[-1])
+
+    def streamed(self, final: GenerationEvent) -> dict[str, Any]:
+        """The object for a stream, once its first choice has ended with `final`."""
+        return self._native._result(0, [], final, content="".join(self._text))

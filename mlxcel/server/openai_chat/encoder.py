@@ -38,6 +38,7 @@ from mlxcel.server.sse import SSE_DONE, sse_data, sse_template
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.server.llama_native.encoder import VerboseReport
     from mlxcel.server.openai_chat.serving import ChatJob
 
 
@@ -127,8 +128,10 @@ class ChatEncoder(Encoder):
         meta: dict[str, Any],
         *,
         include_usage: bool = False,
+        verbose: VerboseReport | None = None,
     ) -> None:
         self.chat = chat
+        self.verbose = verbose
         self.tokenizer = tokenizer
         self.meta = meta
         self.include_usage = include_usage
@@ -157,6 +160,8 @@ class ChatEncoder(Encoder):
         if event.progress is not None:  # `return_progress`: llama-server's role chunk
             extra = {"prompt_progress": event.progress.to_dict()}
             return [self._chunk({"role": "assistant", "content": None}, extra=extra, index=index)]
+        if self.verbose is not None and index == 0:
+            self.verbose.feed(event)
         lines = self._deltas(index, event)
         if event.timings is not None and lines and not event.finished:
             # `timings_per_token`: the event's last chunk carries the timings so far.
@@ -200,7 +205,10 @@ class ChatEncoder(Encoder):
 
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
         self._finals.append(final)
-        return self._close_output(index, final.finish_reason or "stop", speculative_timings(final))
+        extra = speculative_timings(final)
+        if self.verbose is not None and index == 0:
+            extra["__verbose"] = self.verbose.streamed(final)
+        return self._close_output(index, final.finish_reason or "stop", extra)
 
     def closing(self) -> Iterable[str]:
         if self.include_usage and self._finals:
@@ -232,4 +240,5 @@ class ChatEncoder(Encoder):
             "choices": [self._choice(i, events) for i, events in enumerate(results)],
             "usage": usage_of(finals),
             **speculative_timings(finals[0]),
+            **({"__verbose": self.verbose.collected(results[0])} if self.verbose else {}),
         }

@@ -13,12 +13,13 @@ from starlette.responses import Response
 
 from mlxcel.engine.chat.messages import strip_think_blocks
 from mlxcel.engine.chat.tool_calls.base import ParseResult
-from mlxcel.engine.prompting import PromptError, render_chat
+from mlxcel.engine.prompting import PromptError, render_chat, without_added_bos
 from mlxcel.engine.text.thinking_budget import ThinkingBudget
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
 from mlxcel.server.errors import APIError, bad_request, scrub_paths, server_busy
 from mlxcel.server.generation import Job
 from mlxcel.server.json_body import decode_json_body
+from mlxcel.server.llama_native.encoder import VerboseReport
 from mlxcel.server.media import MediaError
 from mlxcel.server.media.parts import collect_media, has_media, prepare_off_loop
 from mlxcel.server.openai_chat.encoder import ChatEncoder
@@ -376,6 +377,7 @@ class ChatServing:
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         """Answer one request: JSON, or an SSE stream once admission succeeded."""
+        verbose = body.wants_verbose(self.state.settings.verbose)
         job = await self.start(body, raw, max_choices=MAX_CHOICES, stream_reports=body.stream)
         meta = {
             "id": new_id("chatcmpl-"),
@@ -384,12 +386,21 @@ class ChatServing:
         }
         assert self.state.tokenizer is not None
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        encoder = ChatEncoder(job, self.state.tokenizer, meta, include_usage=include_usage)
+        report = (
+            VerboseReport(self.state, job.job.request, str(meta["model"]), stream=body.stream)
+            if verbose
+            else None
+        )
+        encoder = ChatEncoder(
+            job, self.state.tokenizer, meta, include_usage=include_usage, verbose=report
+        )
         return await job.job.respond(raw, encoder, stream=body.stream)
 
     async def prompt_text(self, body: ChatCompletionRequest) -> str:
-        """The templated prompt as text (what POST /apply-template answers); 400 on errors."""
-        return (await self._render(body))[1]
+        """The templated prompt as text (what POST /apply-template answers, without the BOS
+        the tokenizer adds, as llama-server); 400 on errors."""
+        assert self.state.tokenizer is not None
+        return without_added_bos(self.state.tokenizer, (await self._render(body))[1])
 
     async def prompt_tokens(self, body: ChatCompletionRequest) -> list[int]:
         """The templated prompt's token ids (tools and `tool_choice` applied); 400 on errors."""

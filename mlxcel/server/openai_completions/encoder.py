@@ -25,6 +25,7 @@ from mlxcel.server.sse import SSE_DONE, sse_template
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.server.llama_native.encoder import VerboseReport
 
 
 def completion_logprobs(
@@ -62,8 +63,10 @@ class CompletionEncoder(Encoder):
         include_usage: bool = False,
         choices: int = 1,
         timings_per_token: bool = False,
+        verbose: VerboseReport | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.verbose = verbose
         self.timings_per_token = timings_per_token
         self.meta = meta
         self.want_logprobs = want_logprobs
@@ -96,6 +99,8 @@ class CompletionEncoder(Encoder):
         if event.progress is not None:  # `return_progress`
             progress: dict[str, Any] = {"prompt_progress": event.progress.to_dict()}
             return [self._chunk("", extra=progress, index=index)]
+        if self.verbose is not None and index == 0:
+            self.verbose.feed(event)
         timed = event.timings is not None and not event.finished  # `timings_per_token`
         logprobs = None
         if self.want_logprobs and event.logprobs:
@@ -113,7 +118,10 @@ class CompletionEncoder(Encoder):
     def finished(self, index: int, final: GenerationEvent) -> Iterable[str]:
         self._finals.append(final)
         reason = final.finish_reason or "stop"
-        return [self._chunk("", reason, extra=speculative_timings(final), index=index)]
+        extra = speculative_timings(final)
+        if self.verbose is not None and index == 0:
+            extra["__verbose"] = self.verbose.streamed(final)
+        return [self._chunk("", reason, extra=extra, index=index)]
 
     def closing(self) -> Iterable[str]:
         if self.include_usage and self._finals:
@@ -147,4 +155,5 @@ class CompletionEncoder(Encoder):
             "choices": [self._choice(i, events) for i, events in enumerate(results)],
             "usage": usage_of(finals),
             **speculative_timings(finals[0]),
+            **({"__verbose": self.verbose.collected(results[0])} if self.verbose else {}),
         }

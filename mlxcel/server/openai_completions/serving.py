@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from mlxcel.server.errors import bad_request
 from mlxcel.server.generation import Job
+from mlxcel.server.llama_native.encoder import VerboseReport
 from mlxcel.server.openai_common import new_id, now, reported_model
 from mlxcel.server.openai_completions.encoder import CompletionEncoder
 from mlxcel.server.openai_completions.protocol import CompletionRequest
@@ -79,6 +80,7 @@ class CompletionServing:
         request.grammar = grammar
         body.stream_reports(request, stream=body.stream)
         choices = body.check_n(MAX_CHOICES)
+        verbose = body.wants_verbose(state.settings.verbose)
         job = Job.admit(state, per_choice(request, choices))  # 400/503 before any SSE header
         meta = {
             "id": new_id("cmpl-"),
@@ -98,5 +100,8 @@ class CompletionServing:
             ),
             choices=choices,
             timings_per_token=request.timings_per_token,
+            verbose=VerboseReport(state, request, str(meta["model"]), stream=body.stream)
+            if verbose
+            else None,
         )
         return await job.respond(raw, encoder, stream=body.stream)
