@@ -191,12 +191,26 @@ def test_server_renders_the_builtin_template(command_r_server: str) -> None:
     )
     assert answer.status_code == 200
     prompt = answer.json()["prompt"]
-    bos = httpx.get(f"{command_r_server}/props", headers=AUTH, timeout=30).json()["bos_token"]
-    assert prompt == bos + (
+    # llama-server's text: the BOS the tokenizer adds is not part of it (llama.cpp's
+    # test_apply_chat_template), but the prompt the model reads starts with it.
+    assert prompt == (
         "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
         "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
         "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
     )
+    tokenized = httpx.post(
+        f"{command_r_server}/tokenize",
+        json={"content": prompt, "add_special": True, "parse_special": True},
+        headers=AUTH,
+        timeout=30,
+    ).json()["tokens"]
+    counted = httpx.post(
+        f"{command_r_server}/v1/chat/completions/input_tokens",
+        json={"messages": messages},
+        headers=AUTH,
+        timeout=30,
+    ).json()["input_tokens"]
+    assert counted == len(tokenized)
     chat = httpx.post(
         f"{command_r_server}/v1/chat/completions",
         json={"messages": messages, "max_tokens": 2, "temperature": 0},

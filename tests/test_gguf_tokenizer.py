@@ -125,6 +125,12 @@ def test_sentencepiece_vocabulary() -> None:
     assert tokenizer.decode(ids, skip_special_tokens=True) == "hello world!"
     no_bos = build_gguf_tokenizer({**metadata, "tokenizer.ggml.add_bos_token": False})
     assert no_bos.encode("hello world!") == ids[1:]
+    # llama.cpp puts its space prefix before the text after every special token, so a
+    # template's `<s>` written as text gives the same tokens as BOS added to the text.
+    templated = tokenizer.encode("<s>hello</s>world", add_special_tokens=False)
+    pieces = ["<s>", "▁hello", "</s>", "▁world"]
+    assert tokenizer.convert_ids_to_tokens(templated) == pieces
+    assert tokenizer.encode("hello</s>world") == templated
 
 
 def test_smollm_pre_tokenizer_splits_digits(llama_metadata: dict, tiny_llama_dir: Path) -> None:

@@ -53,6 +53,17 @@ def render_chat(
         raise PromptError(str(exc)) from exc
 
 
+def without_added_bos(tokenizer: Tokenizer, text: str) -> str:
+    """`text` less a leading BOS token that the tokenizer adds itself: a rendered prompt as
+    llama-server shows it (`/apply-template`), whose template output never holds the BOS
+    its tokenizer adds. The prompt's tokens are the same either way."""
+    template = chat_template_for(tokenizer)
+    bos = template.bos_token
+    if template.add_bos and bos and text.startswith(bos):
+        return text[len(bos) :]
+    return text
+
+
 def chat_tokens(
     tokenizer: Tokenizer,
     messages: list[dict[str, Any]],

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 GROUP_SIZE = 32
-_CONVERSION_VERSION = 2  # bump when the stored form changes: older entries are redone
+_CONVERSION_VERSION = 3  # bump when the stored form changes: older entries are redone
 
 # ggml type ids (gguf.GGMLQuantizationType) that mx.load decodes exactly.
 _F32, _F16, _Q4_0, _Q4_1, _Q8_0, _BF16 = 0, 1, 2, 3, 8, 30

@@ -125,6 +125,8 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
     pre_type = str(fields.get("pre_tokenizer_type") or "default")
     if model_type == "gpt2":
         _set_byte_level_splits(backend, pre_type)
+    elif model_type == "llama":
+        _space_after_every_special(backend)
 
     def token_of(key: str) -> str | None:
         token_id = metadata.get(f"tokenizer.ggml.{key}")
@@ -195,6 +197,21 @@ def _set_byte_level_splits(backend: Any, pre_type: str) -> None:
         [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
+
+
+def _space_after_every_special(backend: Any) -> None:
+    """SentencePiece: the word-boundary `▁` before the text after every special token too,
+    as llama.cpp's tokenizer adds its space prefix to each text fragment that follows one
+    (transformers' converter prepends it to the first fragment only). Without it,
+    `<s><|start_header_id|>` gave other tokens than llama-server, and `<s>` + text in a
+    template other tokens than BOS added to the text."""
+    from tokenizers import pre_tokenizers
+
+    pre = backend.pre_tokenizer
+    if isinstance(pre, pre_tokenizers.Metaspace) and pre.prepend_scheme == "first":
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement=pre.replacement, prepend_scheme="always", split=pre.split
+        )
 
 
 def _adds_bos_by_default(model_type: str, pre_type: str) -> bool:
