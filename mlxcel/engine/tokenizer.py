@@ -11,6 +11,10 @@ from mlxcel.engine.text.detokenizer import IncrementalDetokenizer
 _DETOKENIZER_CONTEXT = 4
 
 
+_METASPACE = "\u2581"
+"""SentencePiece's word-boundary mark, a space in decoded text."""
+
+
 class Tokenizer:
     """Encode, decode, special tokens and streaming detokenizers for one model."""
 
@@ -49,8 +53,15 @@ class Tokenizer:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special))
 
     def piece(self, token_id: int) -> str:
-        """The text one token stands for on its own (special tokens spelled out)."""
-        return self.decode([token_id])
+        """The text one token stands for on its own (special tokens spelled out).
+
+        A SentencePiece word piece keeps its leading space (`▁the` is " the", as llama.cpp
+        spells pieces): decoding it alone would strip the space that starts a text."""
+        text = self.decode([token_id])
+        token = self.hf.convert_ids_to_tokens(token_id)
+        if isinstance(token, str) and token.startswith(_METASPACE) and not text.startswith(" "):
+            return " " + text
+        return text
 
     def piece_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (partial UTF-8 sequences kept as bytes)."""
