@@ -23,12 +23,13 @@ from pydantic import BaseModel
 from schemathesis import GenerationMode
 
 from mlxcel.config import Settings
-from mlxcel.server.app import create_app
+from mlxcel.server.app import KEYLESS_ROUTES, PUBLIC_ROUTES, create_app
 from mlxcel.server.state import ServerState
 
 MAX_EXAMPLES = int(os.environ.get("MLXCEL_FUZZ_EXAMPLES", "3"))
 EXPECTED_5XX = {501, 503}
-PUBLIC = {"/health", "/"}
+PUBLIC = {*PUBLIC_ROUTES, *KEYLESS_ROUTES}
+"""Paths that answer without the API key (`/models` and `/v1/models`: public in llama-server)."""
 
 
 def _request_models() -> dict[str, type[BaseModel]]:
