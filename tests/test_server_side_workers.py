@@ -34,11 +34,23 @@ def test_embedding_only_server_serves_minilm_and_refuses_chat() -> None:
             assert isinstance(body, list) and "embedding" in body[0]
             health = http.get("/health")
             assert health.status_code == 200 and health.json()["status"] == "ok"
-            chat = http.post(
-                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
-            )
-            assert chat.status_code >= 400
-            assert "error" in chat.json()
+            assert health.json()["model"] == "all-MiniLM-L6-v2"  # was "unknown"
+            # the text model's routes: 501 naming what is served (were 500 AssertionError,
+            # or 503 "loading model" for ever)
+            messages = [{"role": "user", "content": "hi"}]
+            for method, path, body in (
+                ("POST", "/v1/chat/completions", {"messages": messages}),
+                ("POST", "/v1/completions", {"prompt": "hi"}),
+                ("POST", "/completion", {"prompt": "hi"}),
+                ("POST", "/tokenize", {"content": "hi"}),
+                ("POST", "/v1/responses", {"input": "hi"}),
+                ("POST", "/v1/messages", {"model": "x", "max_tokens": 4, "messages": messages}),
+                ("GET", "/props", None),
+            ):
+                answer = http.request(method, path, json=body)
+                assert answer.status_code == 501, (path, answer.text)
+                assert "runs no chat model (it serves embeddings)" in answer.text, path
+            assert http.get("/v1/models").json()["data"][0]["id"] == "all-MiniLM-L6-v2"
 
 
 def test_chat_server_with_embedding_and_rerank_side_workers(tiny_llama_dir: Path) -> None:

@@ -12,6 +12,7 @@ from mlxcel.server.audio.routes import UPLOAD_PATHS
 from mlxcel.server.errors import install_error_handlers
 from mlxcel.server.io_timeout import IoTimeout
 from mlxcel.server.middleware import MAX_HEADER_BYTES, ApiKeys, Cors, RequestGuard
+from mlxcel.server.served_models import chat_model_wanted
 from mlxcel.server.sleep import WakeOnRequest
 
 if TYPE_CHECKING:
@@ -117,6 +118,10 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
         from mlxcel.server.images import image_only_router
 
         app.include_router(image_only_router(), prefix=prefix)
+    if not chat_model_wanted(settings):  # side models only: the text routes answer 501
+        from mlxcel.server.no_chat_model import no_chat_model_router
+
+        app.include_router(no_chat_model_router(_routers(), settings), prefix=prefix)
     for router in _routers():
         app.include_router(router, prefix=prefix)
     # Middleware added last runs first: CORS (answers preflights), then the guard, then
