@@ -41,6 +41,7 @@ def check_models(settings: Settings) -> None:
 
     if chat_model_wanted(settings):
         check_model_ref(settings.model)  # the main model's errors need no flag name
+        _check_not_an_encoder(settings.model)
     want_emb, emb_ref, want_rr, rr_ref = wanted_models(settings)
     if want_emb:
         from mlxcel.engine.embeddings.loader import check_embedding_ref
@@ -71,6 +72,17 @@ def check_models(settings: Settings) -> None:
         _check("--image-model", image, settings.image_model)
     if settings.spec_draft_model:
         _check("--spec-draft-model", check_model_ref, settings.spec_draft_model)
+
+
+def _check_not_an_encoder(ref: str | None) -> None:
+    """Refuse an encoder (BERT-style: embeddings and ranking only) as the chat model."""
+    from mlxcel.engine.embeddings.loader import is_encoder_model
+
+    if ref and is_encoder_model(ref):
+        raise ModelLoadError(
+            f"-m: {ref}: an encoder model (embeddings and ranking only) cannot chat; start it "
+            "with --embedding or --reranking, or give a chat model"
+        )
 
 
 def _check(flag: str, check: Callable[[str | None], object], ref: str | None) -> None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.tiny_encoders import build_tiny_bert
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -57,6 +58,7 @@ def test_a_good_model_still_answers_loading_then_ok(tiny_llama_dir: Path) -> Non
         "tts-model",
         "image-model",
         "draft-model",
+        "encoder-as-chat-model",
     ],
 )
 def test_a_bad_side_model_or_kind_exits_2_before_listening(
@@ -79,11 +81,14 @@ def test_a_bad_side_model_or_kind_exits_2_before_listening(
         "tts-model": ([*main, "--tts-model", missing], "--tts-model"),
         "image-model": (["--image-model", missing], "--image-model"),
         "draft-model": ([*main, "--spec-draft-model", missing], "--spec-draft-model"),
+        "encoder-as-chat-model": (["-m", str(build_tiny_bert(tmp_path / "bert"))], "-m"),
     }[case]  # fmt: skip
     result = _serve(*args, "--no-warmup")
     assert result.returncode == 2, result.stderr
     assert "listening" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mlxcel: error: {flag}: "), lines
+    if case == "encoder-as-chat-model":
+        assert "an encoder model" in lines[0] and "--embedding" in lines[0]
     if "decoder" in case:
         assert "no single 'yes'/'no' tokens" in lines[0] and "cross-encoder" in lines[0]
