@@ -266,3 +266,14 @@ def test_verbose_field_adds_the_native_result(http: httpx.Client) -> None:
     assert completion["__verbose"]["content"] == completion["choices"][0]["text"]
     bad = http.post("/v1/chat/completions", json={**chat, "verbose": "yes"})
     assert bad.status_code == 400 and "verbose" in bad.json()["error"]["message"]
+
+
+def test_a_prefill_of_text_parts_joins_them_with_a_blank_line(http: httpx.Client) -> None:
+    """The assistant message the model continues, given as text parts, is their text joined
+    by a blank line, as llama.cpp renders a continued message (`render_content`)."""
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": parts}]
+    prompt = http.post("/apply-template", json={"messages": messages}).json()["prompt"]
+    assert prompt.endswith("assistant\nWh\n\nill")
+    plain = [*messages[:1], {"role": "assistant", "content": "Whill"}]
+    assert http.post("/apply-template", json={"messages": plain}).json()["prompt"].endswith("Whill")

@@ -200,6 +200,11 @@ def assistant_prefill(
         raise bad_request("Cannot have 2 or more assistant messages at the end of the list.")
     assert last is not None
     messages.pop()
+    original = body.messages[-1].content
+    if isinstance(original, list):
+        # llama.cpp joins the text parts of the message it continues with a blank line.
+        texts = [p.get("text") for p in original if p.get("type") in ("text", "input_text")]
+        return True, "\n\n".join(t for t in texts if isinstance(t, str))
     return True, str(last["content"])
 
 
