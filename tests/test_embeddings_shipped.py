@@ -123,3 +123,4 @@ def test_side_models_without_a_chat_model_all_load() -> None:
             "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
         )
         assert chat.status_code == 501, chat.text
+        assert "it serves embeddings, transcription" in chat.json()["error"]["message"]

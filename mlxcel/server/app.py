@@ -88,6 +88,26 @@ def add_cors(app: FastAPI, settings: Settings) -> None:
     )
 
 
+def _include_no_chat_model_routes(app: FastAPI, settings: Settings, prefix: str) -> None:
+    """501 stubs for the text model's routes on a server without a chat model, included
+    before the real routes so that they win route matching. An audio-only or image-only
+    server's chat and completion routes name the routes it serves; every other text route
+    (and every one on a server with other side models too) names what it serves."""
+    from mlxcel.server.no_chat_model import no_chat_model_router, served_uses
+
+    uses = set(served_uses(settings))
+    if uses and uses <= {"transcription", "speech"}:
+        from mlxcel.server.audio import audio_only_router
+
+        served = SimpleNamespace(has_stt="transcription" in uses, has_tts="speech" in uses)
+        app.include_router(audio_only_router(served), prefix=prefix)  # type: ignore[arg-type]
+    elif uses == {"images"}:
+        from mlxcel.server.images import image_only_router
+
+        app.include_router(image_only_router(), prefix=prefix)
+    app.include_router(no_chat_model_router(_routers(), settings), prefix=prefix)
+
+
 def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) -> FastAPI:
     """Build the HTTP application around `state` (stored on `app.state.mlxcel`)."""
     settings = state.settings
@@ -100,28 +120,8 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
     app.state.mlxcel = state
     install_error_handlers(app)
     prefix = normalize_prefix(settings.api_prefix)
-    if settings.model is None and (settings.audio_model or settings.tts_model):
-        # Audio-only: chat and completion routes answer 501, naming what is served.
-        # Included first so they win route matching.
-        from mlxcel.server.audio import audio_only_router
-
-        served = SimpleNamespace(
-            has_stt=bool(settings.audio_model), has_tts=bool(settings.tts_model)
-        )
-        app.include_router(audio_only_router(served), prefix=prefix)  # type: ignore[arg-type]
-    if (
-        settings.image_model
-        and settings.model is None
-        and not settings.embedding
-        and not (settings.audio_model or settings.tts_model)
-    ):
-        from mlxcel.server.images import image_only_router
-
-        app.include_router(image_only_router(), prefix=prefix)
-    if not chat_model_wanted(settings):  # side models only: the text routes answer 501
-        from mlxcel.server.no_chat_model import no_chat_model_router
-
-        app.include_router(no_chat_model_router(_routers(), settings), prefix=prefix)
+    if not chat_model_wanted(settings):
+        _include_no_chat_model_routes(app, settings, prefix)
     for router in _routers():
         app.include_router(router, prefix=prefix)
     # Middleware added last runs first: CORS (answers preflights), then the guard, then
