@@ -251,7 +251,7 @@ def test_prompt_cache_reuse(http: httpx.Client) -> None:
 def test_response_format(http: httpx.Client) -> None:
     ok = {"prompt": PROMPT, "n_predict": 1, "response_format": {"type": "text"}, **fixed()}
     assert http.post("/completion", json=ok).status_code == 200
-    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {}}):
+    for fmt in ({"type": "json_object", "schema": 1}, {"type": "json_schema", "json_schema": {}}):
         bad = http.post("/completion", json={**ok, "response_format": fmt})
         assert "response_format" in error_of(bad, 400, "invalid_request_error")
 
@@ -410,7 +410,7 @@ def test_infill_with_fim_tokens(fim_server: Any) -> None:
             {"input_extra": [{"text": 1}]},
             {"input_extra": "nope"},
             {"prompt": [1, 2]},
-            {"response_format": {"type": "json_object"}},
+            {"response_format": {"type": "json_object", "schema": 1}},
         ):
             response = client.post("/infill", json={"n_predict": 1, **bad})
             error_of(response, 400, "invalid_request_error")
