@@ -196,18 +196,21 @@ async def preflight(
 
     `GET /v1/models` decides: a connection failure or a refused key raises
     BenchClientError; with exactly one model listed and no `--model`, that one is used.
+    The model list needs no key on llama-server (and mlxcel), so the key is checked on
+    `GET /props` too (a server without that route answers 404, which passes).
     """
-    url = f"{config.base_url}/v1/models"
     try:
         async with httpx.AsyncClient(
             timeout=min(config.timeout, 30.0), verify=config.verify, transport=transport
         ) as client:
-            response = await client.get(url, headers=headers(config))
+            response = await client.get(f"{config.base_url}/v1/models", headers=headers(config))
+            keyed = await client.get(f"{config.base_url}/props", headers=headers(config))
     except httpx.HTTPError as exc:
         raise BenchClientError(f"cannot reach {config.base_url}: {_describe(exc)}") from None
-    if response.status_code in (401, 403):
+    refused = next((r for r in (response, keyed) if r.status_code in (401, 403)), None)
+    if refused is not None:
         raise BenchClientError(
-            f"{config.base_url} refused the request ({response.status_code}): check --api-key"
+            f"{config.base_url} refused the request ({refused.status_code}): check --api-key"
         )
     if config.model:
         return config.model

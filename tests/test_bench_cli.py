@@ -223,6 +223,8 @@ def test_client_counts_chunks_without_usage_and_503s() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "a"}, {"id": "b"}]})
+        if request.url.path == "/props":  # the key check: a server without the route
+            return httpx.Response(404)
         calls["n"] += 1
         body = json.loads(request.content)
         assert body["stream"] is True and body["max_tokens"] == 5
@@ -251,6 +253,8 @@ def test_client_uses_usage_and_the_only_model() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "only"}]})
+        if request.url.path == "/props":
+            return httpx.Response(200, json={})
         body = json.loads(request.content)
         assert body["model"] == "only" and "prompt" in body and body["ignore_eos"] is True
         usage = {"usage": {"prompt_tokens": 9, "completion_tokens": 7}, "choices": []}
