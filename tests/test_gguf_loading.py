@@ -36,9 +36,9 @@ TOLERANCE = {
     "Q8_0": 5e-3,
     "Q4_0": 5e-3,
     "Q4_1": 5e-3,
-    "Q5_0": 3e-2,
-    "Q5_1": 3e-2,
-    "Q4_K": 5e-2,
+    "Q5_0": 5e-3,
+    "Q5_1": 5e-3,
+    "Q4_K": 5e-3,
     "Q6_K": 3e-2,
 }
 
@@ -139,11 +139,42 @@ def test_k_quants_decode_like_the_reference(
     source = np.array(source_model(tiny_llama_dir).model.layers[1].mlp.down_proj.weight)
     encode = quantize_q4_k if quant == "Q4_K" else quantize_q6_k
     reference = dequantize(encode(source), GGMLQuantizationType[quant])
-    # re-quantized at 2 more bits, the added rounding is about a quarter of the original's
-    for keep_float, tolerance in ((False, 0.05), (True, 2e-3)):
+    # Q4_K is repacked (its scale products rounded once to float16); Q6_K re-quantized at
+    # 2 more bits, where the added rounding is about a quarter of the original's
+    requantized = 2e-3 if quant == "Q4_K" else 0.05
+    for keep_float, tolerance in ((False, requantized), (True, 2e-3)):
         down = load_gguf(path, keep_float=keep_float).model.layers[1].mlp.down_proj
         assert hasattr(down, "scales") != keep_float
         assert relative_error(dequantized(down), reference) < tolerance
+
+
+@pytest.mark.parametrize("quant", ["Q5_0", "Q5_1", "Q4_K"])
+def test_repacked_quants_hold_the_files_values(
+    quant: str, tiny_llama_dir: Path, gguf_dir: Path
+) -> None:
+    """Q5_0/Q5_1/Q4_K tensors load as MLX quantized layers (5- and 4-bit groups of 32, no
+    float copy, no re-quantization) holding gguf-py's dequantized values: exactly for Q5_x,
+    and for Q4_K within the float16 rounding of each sub-block's scale d*sc and offset
+    dmin*m (|error| <= 2**-11 * (|d*sc*q| + |dmin*m|), under 1e-3 of the largest weight)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    path = write_tiny_gguf(tiny_llama_dir, gguf_dir / f"llama.{quant}.repack.gguf", quant)
+    header = read_gguf_header(path)
+    (info,) = [t for t in header.tensors if t.name == "blk.1.ffn_down.weight"]
+    assert info.type_name == quant
+    with open(path, "rb") as f:
+        f.seek(info.offset)
+        raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
+    reference = dequantize(raw.reshape(info.shape[0], -1), GGMLQuantizationType[quant])
+    down = load_gguf(path).model.layers[1].mlp.down_proj
+    assert hasattr(down, "scales") and down.group_size == 32
+    assert down.bits == (4 if quant == "Q4_K" else 5)
+    error = np.abs(dequantized(down) - reference).max()
+    if quant == "Q4_K":
+        assert 0 < error < 1e-3 * np.abs(reference).max()
+    else:
+        assert error == 0
 
 
 def test_raw_reading_equals_mx_load(tiny_llama_dir: Path, gguf_dir: Path) -> None:

@@ -3,10 +3,12 @@
 Files holding only F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors are read with `mx.load`, which gives the
 Q4/Q8 ones as exact MLX quantized triplets (group size 32). Files with other types (K-quants,
 Q5_x, IQ*, ...) are read tensor by tensor instead -- `mx.load` refuses some of those, decodes
-Q4_K wrongly and would hold a float16 copy of every one: Q4_0/Q4_1/Q8_0 are repacked exactly,
-the rest dequantized with the `gguf` package and re-quantized to MLX affine at two bits more
-than the source type (the added rounding is about a quarter of the original's), or kept as
-float with `keep_float=True`. Half-precision weights are cast to float32 when MLX runs on the
+Q4_K wrongly and would hold a float16 copy of every one: Q4_0/Q4_1/Q8_0/Q5_0/Q5_1 are repacked
+exactly (4-, 5- and 8-bit groups of 32), Q4_K into 4-bit groups of 32 (one per sub-block, its
+scale d*sc and offset dmin*m rounded once to the stored dtype), the rest dequantized with the
+`gguf` package and re-quantized to MLX affine at two bits more than the source type (the
+added rounding is about a quarter of the original's), or kept as float with
+`keep_float=True` (Q4_K too). Half-precision weights are cast to float32 when MLX runs on the
 CPU, where float16 arithmetic is emulated and tens of times slower.
 
 llama.cpp permutes the Q/K rows of llama-arch files for its interleaved RoPE; they are permuted
@@ -46,12 +48,16 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 GROUP_SIZE = 32
-_CONVERSION_VERSION = 3  # bump when the stored form changes: older entries are redone
+_CONVERSION_VERSION = 4  # bump when the stored form changes: older entries are redone
 
 # ggml type ids (gguf.GGMLQuantizationType) that mx.load decodes exactly.
 _F32, _F16, _Q4_0, _Q4_1, _Q8_0, _BF16 = 0, 1, 2, 3, 8, 30
+_Q5_0, _Q5_1, _Q4_K = 6, 7, 12
 _MX_EXACT = frozenset({_F32, _F16, _Q4_0, _Q4_1, _Q8_0, _BF16})
-_REPACKED = frozenset({_Q4_0, _Q4_1, _Q8_0})  # read as exact MLX triplets
+# Read as MLX affine triplets (group size 32) holding the same values: bit for bit for
+# Q4_0/Q4_1/Q8_0/Q5_0/Q5_1, Q4_K's scale and offset products rounded once to the stored dtype.
+_REPACKED = frozenset({_Q4_0, _Q4_1, _Q8_0, _Q5_0, _Q5_1, _Q4_K})
+_HALF_MAX = 65504.0  # the largest float16
 _MLX_BITS = (3, 4, 5, 6, 8)
 
 _HF_ARCHITECTURES = {
@@ -484,12 +490,18 @@ def _from_native(native: dict[str, Any], info: TensorInfo) -> dict[str, Any]:
 
 
 def _from_raw(f: Any, info: TensorInfo, dtype: Any, *, keep_float: bool) -> dict[str, Any]:
-    """One tensor read from the file: exact MLX triplets for Q4_0/Q4_1/Q8_0, float for float
-    types, and everything else dequantized, then re-quantized unless `keep_float`."""
-    if info.ggml_type in _REPACKED:
+    """One tensor read from the file: MLX triplets holding the same values for the types of
+    `_REPACKED`, float for float types, and everything else dequantized, then re-quantized
+    unless `keep_float`."""
+    if info.ggml_type in _REPACKED and not (keep_float and info.ggml_type == _Q4_K):
         f.seek(info.offset)
         raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
-        return {k: mx.array(v) for k, v in _repack(raw, info).items()}
+        parts = _repack(raw, info)
+        if dtype != mx.float16 or all(
+            np.abs(parts[k]).max() <= _HALF_MAX for k in ("scales", "biases")
+        ):
+            return {k: mx.array(v) for k, v in parts.items()}
+        # A Q4_K scale product past float16's range: re-quantize this tensor instead.
     array = mx.array(_read_float(f, info)).astype(dtype)
     if (
         keep_float
@@ -504,6 +516,15 @@ def _from_raw(f: Any, info: TensorInfo, dtype: Any, *, keep_float: bool) -> dict
 
 
 def _repack(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
+    """A `_REPACKED` tensor's blocks → MLX affine (weight, scales, biases), group size 32."""
+    if info.ggml_type in (_Q5_0, _Q5_1):
+        return _repack_q5(raw, info)
+    if info.ggml_type == _Q4_K:
+        return _repack_q4_k(raw, info)
+    return _repack_q4_q8(raw, info)
+
+
+def _repack_q4_q8(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
     """Q4_0/Q4_1/Q8_0 blocks → MLX affine (weight, scales, biases), group size 32, exactly.
 
     A block is an f16 scale d (Q4_1 also an f16 offset m) and 32 codes: Q8_0 int8 codes c
@@ -533,6 +554,71 @@ def _repack(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
         "scales": scales.reshape(*lead, -1),
         "biases": biases.reshape(*lead, -1),
     }
+
+
+def _repack_q5(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
+    """Q5_0/Q5_1 blocks → MLX 5-bit affine triplets, group size 32, exactly.
+
+    A block is an f16 scale d (Q5_1 also an f16 offset m), 32 high bits (a little-endian
+    uint32, bit i for value i) and 16 bytes of low nibbles (values 0-15 low, 16-31 high):
+    code q = nibble | high << 4, value d*(q-16) for Q5_0 and d*q + m for Q5_1.
+    """
+    lead, rows = info.shape[:-1], _rows(info)
+    header = 4 if info.ggml_type == _Q5_1 else 2
+    blocks = raw.reshape(rows, info.shape[-1] // GROUP_SIZE, -1)
+    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)
+    high = np.ascontiguousarray(blocks[..., header : header + 4]).view(np.uint32)
+    nibbles = blocks[..., header + 4 :]
+    low = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
+    shifts = np.arange(GROUP_SIZE, dtype=np.uint32)
+    codes = low | (((high >> shifts) & 1).astype(np.uint8) << 4)
+    if info.ggml_type == _Q5_0:
+        biases = scales * np.float16(-16)
+    else:
+        biases = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)
+    return {
+        "weight": _pack_bits(codes, 5).reshape(*lead, -1),
+        "scales": scales.reshape(*lead, -1),
+        "biases": biases.reshape(*lead, -1),
+    }
+
+
+def _repack_q4_k(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
+    """Q4_K super-blocks → MLX 4-bit affine triplets, group size 32.
+
+    A super-block of 256 values is f16 d and dmin, 12 bytes of 6-bit scales sc and offsets
+    m for its eight 32-value sub-blocks, and 128 bytes of nibbles (each 32-byte chunk holds
+    two sub-blocks: the first in the low nibbles, the second in the high ones); value
+    d*sc*q - dmin*m. Each sub-block is an MLX group with scale d*sc and bias -dmin*m,
+    computed in float32 (exact) and rounded once where they are stored in float16.
+    """
+    lead, rows = info.shape[:-1], _rows(info)
+    blocks = raw.reshape(rows, info.shape[-1] // 256, -1)
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)
+    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
+    packed = blocks[..., 4:16]
+    a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([a & 0x3F, (c & 0x0F) | ((a >> 2) & 0x30)], axis=-1)
+    m = np.concatenate([b & 0x3F, (c >> 4) | ((b >> 2) & 0x30)], axis=-1)
+    chunks = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)
+    codes = np.concatenate([chunks & 0x0F, chunks >> 4], axis=-2)  # (.., 4 chunks, 2, 32)
+    return {
+        "weight": _pack_bits(codes.reshape(rows, -1, GROUP_SIZE), 4).reshape(*lead, -1),
+        "scales": (d * sc.astype(np.float32)).reshape(*lead, -1),
+        "biases": (-dmin * m.astype(np.float32)).reshape(*lead, -1),
+    }
+
+
+def _pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Codes (uint8, last axis a multiple of 8) packed as MLX packs them: a little-endian
+    bit stream, value i at bits [i*bits, (i+1)*bits), read as uint32 words per row."""
+    rows = codes.shape[0]
+    octets = codes.reshape(rows, -1, 8).astype(np.uint64)
+    words = (octets << (np.arange(8, dtype=np.uint64) * np.uint64(bits))).sum(
+        axis=-1, dtype=np.uint64
+    )
+    stream = words.view(np.uint8).reshape(rows, -1, 8)[..., :bits]
+    return np.ascontiguousarray(stream).reshape(rows, -1).view(np.uint32)
 
 
 def _rows(info: TensorInfo) -> int:
