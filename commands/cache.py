@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from mlxcel.engine.loading.describe import ModelFacts, describe_model
+
 from . import cache_remote
 from .common import fail
 
@@ -25,6 +27,10 @@ class _Row:
     kind: str
     size: int
     path: Path
+
+    def facts(self) -> ModelFacts:
+        """Architecture and quantization, read from the files (no weights loaded)."""
+        return describe_model(self.path)
 
 
 _SHIPPED_LABEL = {"text": "default", "embedding": "default embedding", "speech": "default speech"}
@@ -58,13 +64,20 @@ def _human(size: int) -> str:
 @app.command("list")
 def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List cached models with their sizes."""
-    rows = _rows()
+    rows = [(r, r.facts()) for r in _rows()]
     if as_json:
         print(
             json.dumps(
                 [
-                    {"name": r.name, "kind": r.kind, "size_bytes": r.size, "path": str(r.path)}
-                    for r in rows
+                    {
+                        "name": r.name,
+                        "kind": r.kind,
+                        "architecture": f.architecture,
+                        "quantization": f.quantization,
+                        "size_bytes": r.size,
+                        "path": str(r.path),
+                    }
+                    for r, f in rows
                 ]
             )
         )
@@ -73,10 +86,10 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
     from rich.table import Table
 
     table = Table(title="mlxcel models")
-    for column in ("name", "kind", "size", "path"):
+    for column in ("name", "kind", "architecture", "quantization", "size", "path"):
         table.add_column(column, justify="right" if column == "size" else "left")
-    for r in rows:
-        table.add_row(r.name, r.kind, _human(r.size), str(r.path))
+    for r, f in rows:
+        table.add_row(r.name, r.kind, f.architecture, f.quantization, _human(r.size), str(r.path))
     Console().print(table)
 
 
@@ -94,7 +107,9 @@ def info(name: str = typer.Argument(..., help="A name from `mlxcel cache list`."
     files = (
         sorted(p for p in row.path.rglob("*") if p.is_file()) if row.path.is_dir() else [row.path]
     )
-    print(f"name: {row.name}\nkind: {row.kind}\nsize: {_human(row.size)}\npath: {row.path}")
+    facts = row.facts()
+    print(f"name: {row.name}\nkind: {row.kind}\narchitecture: {facts.architecture}")
+    print(f"quantization: {facts.quantization}\nsize: {_human(row.size)}\npath: {row.path}")
     for f in files[:50]:
         print(f"  {f.name}  {_human(f.stat().st_size)}")
 

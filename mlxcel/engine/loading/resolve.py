@@ -10,6 +10,7 @@ from typing import Any
 
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
+from mlxcel.engine.loading.describe import quantization_label
 from mlxcel.engine.loading.model import LoadedModel, ModelInfo
 from mlxcel.engine.tokenizer import Tokenizer
 
@@ -293,7 +294,6 @@ def _load_mlx_dir(path: Path, *, source: str, name: str) -> LoadedModel:
     eos |= _generation_config_eos(path)
     tokenizer = Tokenizer(hf_tokenizer, eos_token_ids=eos)
     architecture = str(config.get("model_type", "unknown"))
-    quant = config.get("quantization") or config.get("quantization_config")
     info = ModelInfo(
         name=name,
         source=source,
@@ -304,9 +304,7 @@ def _load_mlx_dir(path: Path, *, source: str, name: str) -> LoadedModel:
             or config.get("max_seq_len")
             or DEFAULT_CONTEXT_LENGTH
         ),
-        quantization=f"{quant['bits']}-bit"
-        if isinstance(quant, dict) and "bits" in quant
-        else "none",
+        quantization=quantization_label(config),
         family=_family(architecture, tokenizer.chat_template),
         num_parameters=_count_parameters(model),
     )

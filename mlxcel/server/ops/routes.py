@@ -93,6 +93,9 @@ def props_payload(state: ServerState) -> dict[str, Any]:
         "cpu_kernels": kernel_status(),
         "model_alias": name,
         "model_path": model_file_name(state),
+        # mlxcel's: what the model is (general.architecture / model_type) and how it is stored
+        "model_architecture": info.architecture if (info := state.model_info) else "",
+        "model_quantization": info.quantization if info else "",
         "modalities": _modalities(state),
         "endpoint_slots": bool(settings.slots),
         "endpoint_props": bool(settings.props),
