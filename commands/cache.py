@@ -85,12 +85,21 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="Print JSON."
     from rich.console import Console
     from rich.table import Table
 
+    console = Console()
+    # The path column shows only where it fits (`cache info` and `--json` always give it):
+    # at a piped 80 columns it would squeeze the names, which `cache info` takes back.
+    with_path = console.width >= 120
     table = Table(title="mlxcel models")
-    for column in ("name", "kind", "architecture", "quantization", "size", "path"):
-        table.add_column(column, justify="right" if column == "size" else "left")
+    table.add_column("name", overflow="fold")
+    for column in ("kind", "arch", "quant"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
+    if with_path:
+        table.add_column("path", overflow="fold")
     for r, f in rows:
-        table.add_row(r.name, r.kind, f.architecture, f.quantization, _human(r.size), str(r.path))
-    Console().print(table)
+        cells = [r.name, r.kind, f.architecture, f.quantization, _human(r.size)]
+        table.add_row(*cells, *([str(r.path)] if with_path else []))
+    console.print(table)
 
 
 def _find(name: str) -> _Row:

@@ -52,8 +52,10 @@ def test_cache_list_shows_the_shipped_minilm_and_whisper() -> None:
     assert minilm["size_bytes"] > 80_000_000
     whisper = rows["whisper-tiny.en (default speech)"]
     assert (whisper["kind"], whisper["path"]) == ("pypi", str(WHISPER))
+    assert (minilm["architecture"], whisper["architecture"]) == ("bert", "whisper")
     table = _cli("cache", "list")
     assert table.returncode == 0, table.stderr
+    # A piped table is 80 columns wide: names stay whole (the path column gives way).
     assert "all-MiniLM-L6-v2" in table.stdout and "whisper-tiny.en" in table.stdout
     info = _cli("cache", "info", "all-MiniLM-L6-v2")
     assert info.returncode == 0, info.stderr

@@ -39,15 +39,19 @@ def describe_model(path: Path) -> ModelFacts:
             arch = str(header.metadata.get("general.architecture", UNKNOWN))
             return ModelFacts(arch, file_type(header.metadata, header.tensors))
         manifest = path / "mlxcel.json"
-        if manifest.is_file():
-            data = json.loads(manifest.read_text())
-            return ModelFacts(
-                str(data.get("architecture", UNKNOWN)), str(data.get("quantization", UNKNOWN))
-            )
         config = path / "config.json"
-        if config.is_file():
-            data = json.loads(config.read_text())
-            return ModelFacts(str(data.get("model_type", UNKNOWN)), quantization_label(data))
+        data = json.loads(config.read_text()) if config.is_file() else {}
+        if manifest.is_file():
+            stored = json.loads(manifest.read_text())
+            stored_arch = stored.get("architecture") or stored.get("kind") or data.get("model_type")
+            quant = stored.get("quantization") or (quantization_label(data) if data else None)
+            return ModelFacts(str(stored_arch or UNKNOWN), str(quant or UNKNOWN))
+        if data:
+            # A CTranslate2 Whisper export names no model_type; its alignment heads mark it.
+            config_arch = data.get("model_type") or (
+                "whisper" if "alignment_heads" in data else None
+            )
+            return ModelFacts(str(config_arch or UNKNOWN), quantization_label(data))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return ModelFacts()
