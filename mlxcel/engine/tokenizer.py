@@ -79,10 +79,6 @@ class Tokenizer:
         """Whether `token_id` names a token of this vocabulary."""
         return 0 <= token_id < self.vocab_size
 
-    def special_ids(self) -> frozenset[int]:
-        """Ids of all special (control) tokens."""
-        return frozenset(int(i) for i in self.hf.all_special_ids)
-
     def detokenizer(
         self, context: Sequence[int] = (), *, skip_special: bool = True
     ) -> IncrementalDetokenizer:

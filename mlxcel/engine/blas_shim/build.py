@@ -171,18 +171,6 @@ def load(threads: int | None = None) -> str:
     return f"OpenBLAS (PyPI {WHEEL} {wheel_version()}, mlxcel shim)"
 
 
-def openblas_threads() -> int:
-    """The loaded PyPI OpenBLAS's thread count (0 when it is not loaded)."""
-    library = wheel_library()
-    if library is None:
-        return 0
-    try:
-        handle = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
-    except OSError:
-        return 0
-    return int(handle[f"{PREFIX}openblas_get_num_threads"]())
-
-
 def main() -> int:
     """`python -m mlxcel.engine.blas_shim`: build the shim now and say where it went."""
     library = wheel_library()

@@ -48,12 +48,7 @@ class ModernBertLayer(nn.Module):
         normed = self.attn_norm(x) if "attn_norm" in self else x
         qkv = self.wqkv(normed).reshape(b, t, 3, self.heads, self.head_dim)
         q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
-        q = mx.fast.rope(
-            q, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0
-        )
-        k = mx.fast.rope(
-            k, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0
-        )
+        q, k = self._rope(q), self._rope(k)
         bias = padding if self.is_global else padding + window_bias(t, self.window, x.dtype)
         attn = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=bias)
         x = x + self.wo(merge_heads(attn))
