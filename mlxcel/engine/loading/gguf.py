@@ -406,7 +406,7 @@ def _convert_weights(
         native = _load_native(path, header.tensors, f)
         for info in header.tensors:
             if info.name == _ROPE_FREQS and arch.permuted_qk:
-                rope_factors = _read_float(f, info).astype(np.float32).tolist()
+                rope_factors = read_tensor_values(f, info).astype(np.float32).tolist()
                 continue
             target = arch.hf_name(info.name)
             if target is None:
@@ -414,7 +414,7 @@ def _convert_weights(
                 continue
             if arch.norm_offset and target.endswith("norm.weight"):
                 # the converter's `1 + w`, taken off in float32 before the stored dtype
-                shifted = _read_float(f, info).astype(np.float32) - arch.norm_offset
+                shifted = read_tensor_values(f, info).astype(np.float32) - arch.norm_offset
                 parts = {"weight": mx.array(shifted)}
             elif native is not None:
                 parts = _from_native(native, info)
@@ -485,7 +485,7 @@ def _from_raw(f: Any, info: TensorInfo, dtype: Any, *, keep_float: bool) -> dict
         ):
             return {k: mx.array(v) for k, v in parts.items()}
         # A Q4_K scale product past float16's range: re-quantize this tensor instead.
-    array = mx.array(_read_float(f, info)).astype(dtype)
+    array = mx.array(read_tensor_values(f, info)).astype(dtype)
     if (
         keep_float
         or info.ggml_type in (_F32, _F16, _BF16)
@@ -608,8 +608,9 @@ def _rows(info: TensorInfo) -> int:
     return int(np.prod(info.shape[:-1], dtype=np.int64))
 
 
-def _read_float(f: Any, info: TensorInfo) -> np.ndarray:
-    """A tensor's values as float numpy, dequantizing with the gguf package."""
+def read_tensor_values(f: Any, info: TensorInfo) -> np.ndarray:
+    """A tensor's values: float types as stored, quantized types dequantized to float32 with
+    the gguf package; ValueError for a type it cannot read."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -622,7 +623,11 @@ def _read_float(f: Any, info: TensorInfo) -> np.ndarray:
     if info.ggml_type == _BF16:
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
     rows = raw.reshape(*info.shape[:-1], -1)
-    return dequantize(rows, GGMLQuantizationType(info.ggml_type)).reshape(info.shape)
+    try:
+        values = dequantize(rows, GGMLQuantizationType(info.ggml_type))
+    except (ValueError, NotImplementedError) as exc:
+        raise ValueError(f"tensor {info.name}: cannot read type {info.type_name}") from exc
+    return np.asarray(values, dtype=np.float32).reshape(info.shape)
 
 
 def _requant_bits(type_name: str) -> int:
