@@ -41,7 +41,6 @@ OTHER_ENCODER_ARCHITECTURES = frozenset(
 )
 GGUF_POOLINGS: dict[int, str] = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
-_F32, _F16, _BF16 = 0, 1, 30
 _LAYER_PARTS = {
     "attn_q": "query",
     "attn_k": "key",
@@ -179,27 +178,6 @@ def _module_name(tensor: str, head: str, jina: bool = False) -> list[str] | None
     return [f"{part}.{leaf}"] if part else None
 
 
-def _tensor(f: Any, info: Any) -> np.ndarray:
-    """One tensor's values: float types as stored, quantized types dequantized to float32."""
-    f.seek(info.offset)
-    raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
-    if info.ggml_type == _F32:
-        return raw.view(np.float32).reshape(info.shape)
-    if info.ggml_type == _F16:
-        return raw.view(np.float16).reshape(info.shape)
-    if info.ggml_type == _BF16:
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    try:
-        kind = GGMLQuantizationType(info.ggml_type)
-        values = dequantize(raw.reshape(*info.shape[:-1], -1), kind)
-    except (ValueError, NotImplementedError) as exc:
-        raise ModelLoadError(f"tensor {info.name}: cannot read type {info.type_name}") from exc
-    return np.asarray(values, dtype=np.float32).reshape(info.shape)
-
-
 def _encoder_module(
     arch: str, config: EncoderConfig, head: str, shapes: Mapping[str, tuple[int, ...]]
 ) -> nn.Module:
@@ -227,7 +205,7 @@ def _encoder_module(
 
 def load_gguf_encoder(path: Path, *, name: str | None = None, dtype: str = "auto") -> EncoderModel:
     """Load the BERT-family encoder (embedding model or cross-encoder) in GGUF file `path`."""
-    from mlxcel.engine.loading.gguf import read_gguf_header
+    from mlxcel.engine.loading.gguf import read_gguf_header, read_tensor_values
 
     name = name or path.name
     try:
@@ -257,7 +235,10 @@ def load_gguf_encoder(path: Path, *, name: str | None = None, dtype: str = "auto
             targets = _module_name(info.name, head, jina=arch == "jina-bert-v2")
             if targets is None:
                 continue
-            values = _tensor(f, info)
+            try:
+                values = read_tensor_values(f, info)
+            except ValueError as exc:
+                raise ModelLoadError(f"{name}: {exc}") from exc
             for target, part in zip(targets, np.split(values, len(targets)), strict=True):
                 weights[target] = mx.array(np.ascontiguousarray(part))
     load_into(module, weights, name=name, dtype=dtype)
