@@ -68,6 +68,29 @@ def test_each_row_samples_as_its_own_closure() -> None:
         assert sampler.sample(rows, lp).tolist() == alone
 
 
+# What `MIXED` drew before the two chains (per request, batched) became one (issue 29): the
+# same seeds and log-probabilities must keep drawing exactly these tokens.
+PINNED = [
+    [22, 54, 36, 39, 51, 64, 56, 94, 36, 85, 17, 13, 5, 80, 72, 24],
+    [73, 26, 35, 80, 3, 22, 72, 6, 46, 80, 68, 66, 60, 42, 74, 90],
+    [52, 11, 16, 29, 95, 7, 76, 37, 51, 11, 56, 27, 66, 56, 59, 33],
+    [32, 15, 66, 25, 77, 80, 17, 22, 52, 38, 27, 32, 59, 89, 26, 47],
+    [63, 38, 82, 85, 31, 10, 23, 4, 31, 8, 65, 67, 84, 30, 89, 8],
+    [36, 17, 52, 59, 61, 79, 91, 95, 92, 32, 56, 60, 72, 42, 59, 1],
+]
+
+
+def test_seeded_draws_are_the_pinned_ones_alone_and_batched() -> None:
+    rng = np.random.default_rng(29)
+    closures = [make_sampler(p) for p in MIXED]
+    rows = [RowSampling(p, V) for p in MIXED]
+    sampler = BatchSampler()
+    for expected in PINNED:
+        lp = _logprobs(rng, len(MIXED))
+        assert [int(c(lp[i : i + 1]).item()) for i, c in enumerate(closures)] == expected
+        assert sampler.sample(rows, lp).tolist() == expected
+
+
 def test_a_seeded_row_draws_the_same_whatever_shares_the_batch() -> None:
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=42)
     rng = np.random.default_rng(1)
@@ -191,7 +214,8 @@ def test_engine_output_is_the_same_batched_or_per_request(
     assert max(sizes) == 4  # a mixed batch of four sampled in one call
     calls = len(sizes)
     per_request = _run_together(tiny_loaded, requests, batched_sampling=False)
-    assert len(sizes) == calls  # the per-request path never used the batch sampler
+    # The per-request path runs the same chain on each request's own row, one row a call.
+    assert len(sizes) > calls and set(sizes[calls:]) == {1}
     assert batched == per_request
     for request in requests:
         assert len(batched[request.request_id]) == request.max_tokens

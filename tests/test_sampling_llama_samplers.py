@@ -234,7 +234,7 @@ def _reference_mirostat_keep(sorted_logits: np.ndarray, mu: float, version: int)
 @pytest.mark.parametrize("mu", [1.0, 3.0, 6.0, 10.0])
 @pytest.mark.parametrize("row", range(len(ROWS)))
 def test_mirostat_truncation_matches_llama_cpp(version: int, mu: float, row: int) -> None:
-    from mlxcel.engine.sampling.samplers import mirostat_mask
+    from mlxcel.engine.sampling.stages import mirostat_mask
 
     logits = np.sort(np.concatenate([ROWS[row], ROWS[row] * 0.5 - 3]))[::-1].copy()
     vals = mirostat_mask(mx.array(logits[None, :].astype(np.float32)), mx.array([[mu]]), version)

@@ -3,16 +3,15 @@
 mlx-lm's `BatchGenerator` samples a batch in one call only when every row holds the same
 sampler object; otherwise it calls each row's sampler on its own one-row slice (one small
 graph per request per step). `BatchSampler` is that one shared object: before each call
-the engine queues the rows the call will see (`expect`), and the sampler applies each row's
-temperature (fixed or dynamic), top-n-sigma, top-k, typical-p, top-p, min-p, XTC, p-less,
-Mirostat target, adaptive-p average and random key as per-row arrays.
+the engine queues the rows the call will see (`expect`), and the sampler runs the sampling
+chain (`truncation`) with each row's settings as columns.
 
 Rows are grouped by how their candidates are found (greedy; the top k for one k; the whole
-vocabulary sorted; the whole vocabulary in its own order), and each group is one batched
-graph. Inside a group each row's draw uses its own key, split exactly as `make_sampler`'s
-closure splits it, over the same candidates: a row samples the same tokens here as its own
-closure would, whatever rows share the batch (so a seeded request stays reproducible and
-greedy rows stay the argmax of their own row).
+vocabulary sorted; the whole vocabulary in its own order; Mirostat), and each group is one
+batched graph. Inside a group each row draws with its own key, split as a lone row's key
+is: a row samples the same tokens here as its request's own sampler (the same chain on a
+batch of one row), whatever rows share the batch (so a seeded request stays reproducible
+and greedy rows stay the argmax of their own row).
 
 A row may also carry its request's logit bias (`RowSampling(..., logit_bias=True)`): it is
 then added to the row's log-probabilities here, as one dense add per group, instead of by a
@@ -41,35 +40,28 @@ import numpy as np
 
 from mlxcel.engine.sampling.params import SamplingParams
 from mlxcel.engine.sampling.processors import merge_logit_bias
-from mlxcel.engine.sampling.samplers import (
+from mlxcel.engine.sampling.stages import (
     PostSampling,
-    _initial_key,
-    _Plan,
-    adaptive_p_transform,
     adaptive_p_update,
     chosen_tokens,
-    dynamic_temperature,
     greedy_post_sampling,
-    gumbel_choice,
     host_post_sampling,
-    mask_min_p,
-    mask_p_less,
-    mask_top_n_sigma,
-    mask_top_p,
-    mask_typical,
-    mask_xtc,
-    mirostat_candidates,
     mirostat_update,
-    sorted_candidates,
-    top_k_candidates,
     truncated_top,
 )
-
-_NEG_INF = float("-inf")
-
-_split3 = mx.vmap(lambda key: mx.random.split(key, 3))
-_uniform1 = mx.vmap(lambda key: mx.random.uniform(shape=(1,), key=key))
-_choice = mx.vmap(gumbel_choice)
+from mlxcel.engine.sampling.truncation import (
+    Candidates,
+    ChainSettings,
+    adaptive_reshape,
+    adaptive_target,
+    candidates_of,
+    draw,
+    initial_key,
+    initial_mu,
+    mirostat_truncate,
+    split_keys,
+    truncate,
+)
 
 
 class BatchRowsError(RuntimeError):
@@ -97,59 +89,41 @@ class _PostBatch:
 
 
 class RowSampling:
-    """One request's sampling state inside a `BatchSampler` (its plan and random key)."""
+    """One request's sampling state inside a `BatchSampler`: its settings, random key and
+    draw state (Mirostat's target, adaptive-p's running average)."""
 
-    __slots__ = (
-        "average",
-        "bias",
-        "greedy",
-        "group",
-        "key",
-        "last",
-        "mu",
-        "params",
-        "plan",
-        "post",
-        "post_n",
-    )
+    __slots__ = ("average", "bias", "key", "last", "mu", "params", "post", "post_n")
 
     def __init__(
         self,
         params: SamplingParams,
-        vocab_size: int,
+        vocab_size: int | None = None,
         *,
         logit_bias: bool = False,
         post_probs: int | None = None,
     ) -> None:
         """`logit_bias`: apply `params.logit_bias` here (ValueError for an id outside the
-        vocabulary); False: it is left to a logits processor. `post_probs`: keep, for every
-        draw, the drawn token's probability and the `post_probs` most probable candidates
-        of the distribution it was drawn from (`take_post`); None: not kept."""
+        `vocab_size` tokens); False: it is left to a logits processor. `post_probs`: keep,
+        for every draw, the drawn token's probability and the `post_probs` most probable
+        candidates of the distribution it was drawn from (`take_post`); None: not kept."""
         self.post_n = post_probs
         # At most two draws are outstanding: the one being reported and the one ahead of it.
         self.post: deque[tuple[_PostBatch, int]] = deque(maxlen=4)
         self.params = params
-        self.bias = merge_logit_bias(params.logit_bias, vocab_size) if logit_bias else {}
-        self.greedy = params.temperature <= 0
-        self.plan = _Plan.from_params(params)
-        self.key: mx.array | None = None if self.greedy else _initial_key(params.seed)
+        self.bias: dict[int, float] = {}
+        if logit_bias:
+            if vocab_size is None:
+                raise ValueError("a folded logit bias needs the vocabulary size")
+            self.bias = merge_logit_bias(params.logit_bias, vocab_size)
+        greedy = params.temperature <= 0
+        self.key: mx.array | None = None if greedy else initial_key(params.seed)
         self.last: tuple[mx.array, mx.array, int] | None = None  # (tokens, logprobs, row)
-        plan = self.plan
         self.mu: mx.array | None = None  # Mirostat's target, [1]
-        self.average: mx.array | None = None  # adaptive-p's running average, [1]
-        if plan.adaptive_target is not None:
-            self.average = mx.array([plan.adaptive_target], dtype=mx.float32)
-        if self.greedy:
-            self.group: tuple[str, int] = ("greedy", 0)
-        elif plan.mirostat:
-            self.group = ("mirostat", plan.mirostat)
-            self.mu = mx.array([plan.initial_mu], dtype=mx.float32)
-        elif 0 < plan.top_k < vocab_size:
-            self.group = ("top_k", plan.top_k)
-        elif plan.top_p < 1.0:
-            self.group = ("sorted", 0)
-        else:
-            self.group = ("vocab", 0)
+        if params.mirostat and not greedy:
+            self.mu = mx.array([initial_mu(params)], dtype=mx.float32)
+        target = adaptive_target(params)
+        # adaptive-p's running average, [1]; primed as if on target, as llama.cpp starts it
+        self.average = None if target is None else mx.array([target], dtype=mx.float32)
 
     def take_post(self, token: int) -> PostSampling | None:
         """The post-sampling distribution of the oldest draw not taken yet, when that draw
@@ -166,42 +140,17 @@ class RowSampling:
 
 @dataclass
 class _Group:
-    """Rows that find their candidates the same way, with their settings as arrays."""
+    """Rows that find their candidates the same way: one batched graph per call."""
 
-    kind: str
-    k: int
+    candidates: Candidates
     rows: list[int]  # positions in the batch
     members: list[RowSampling]
     index: mx.array | None  # `rows` as an array; None when the group is the whole batch
+    settings: ChainSettings | None  # None for greedy rows
     bias: mx.array | None = None  # [G, V] logit bias, when a member has one
-    inv_temperature: mx.array | None = None
-    top_p: mx.array | None = None
-    uses_top_p: mx.array | None = None
-    log_min_p: mx.array | None = None
-    xtc_probability: mx.array | None = None
-    xtc_threshold: mx.array | None = None
-    xtc_always: bool = False
-    p_less: mx.array | None = None
-    top_n_sigma: mx.array | None = None  # n per row ([G, 1]); off rows keep every token
-    uses_top_n_sigma: mx.array | None = None
-    typical_p: mx.array | None = None
-    uses_typical: mx.array | None = None
-    temperature: mx.array | None = None  # with the dynamic-temperature columns below
-    dynatemp_range: mx.array | None = None
-    dynatemp_exponent: mx.array | None = None
-    uses_dynatemp: mx.array | None = None
-    mirostat_tau: mx.array | None = None
-    mirostat_eta: mx.array | None = None
-    adaptive_target: mx.array | None = None  # with the two columns below
-    adaptive_decay: mx.array | None = None
-    uses_adaptive: mx.array | None = None
     post: list[RowSampling] | None = None  # members keeping post-sampling distributions
     post_index: mx.array | None = None  # their positions in the group; None: all of it
     post_n: int = 0
-
-
-def _column(values: Sequence[float | bool]) -> mx.array:
-    return mx.array(list(values))[:, None]
 
 
 def _dense_bias(members: list[RowSampling], vocab: int) -> mx.array:
@@ -213,10 +162,11 @@ def _dense_bias(members: list[RowSampling], vocab: int) -> mx.array:
 
 
 def _build_group(
-    kind: str, k: int, rows: list[int], members: list[RowSampling], n: int, vocab: int
+    candidates: Candidates, rows: list[int], members: list[RowSampling], n: int, vocab: int
 ) -> _Group:
     index = None if len(rows) == n else mx.array(rows, dtype=mx.int32)
-    group = _Group(kind, k, rows, members, index)
+    settings = None if candidates[0] == "greedy" else ChainSettings([m.params for m in members])
+    group = _Group(candidates, rows, members, index, settings)
     if any(m.bias for m in members):
         group.bias = _dense_bias(members, vocab)
     post = [j for j, m in enumerate(members) if m.post_n is not None]
@@ -225,151 +175,74 @@ def _build_group(
         group.post_n = max(members[j].post_n or 0 for j in post)
         if len(post) < len(members):
             group.post_index = mx.array(post, dtype=mx.int32)
-    if kind == "greedy":
-        return group
-    plans = [m.plan for m in members]
-    group.inv_temperature = _column([1.0 / p.temperature for p in plans])
-    if kind == "mirostat":
-        group.mirostat_tau = _column([p.mirostat_tau for p in plans])
-        group.mirostat_eta = _column([p.mirostat_eta for p in plans])
-        return group
-    if any(p.top_p < 1.0 for p in plans):
-        group.top_p = _column([p.top_p for p in plans])
-        group.uses_top_p = _column([p.top_p < 1.0 for p in plans])
-    if any(p.log_min_p is not None for p in plans):
-        group.log_min_p = _column([_NEG_INF if p.log_min_p is None else p.log_min_p for p in plans])
-    if any(p.xtc_probability > 0 for p in plans):
-        group.xtc_probability = _column([p.xtc_probability for p in plans])
-        group.xtc_threshold = _column([p.xtc_threshold for p in plans])
-        group.xtc_always = all(p.xtc_probability >= 1 for p in plans)
-    if any(p.p_less for p in plans):
-        group.p_less = _column([p.p_less for p in plans])
-    if any(p.top_n_sigma is not None for p in plans):
-        group.top_n_sigma = _column([p.top_n_sigma or 0.0 for p in plans])
-        group.uses_top_n_sigma = _column([p.top_n_sigma is not None for p in plans])
-    if any(p.typical_p < 1.0 for p in plans):
-        group.typical_p = _column([p.typical_p for p in plans])
-        group.uses_typical = _column([p.typical_p < 1.0 for p in plans])
-    if any(p.dynatemp_range > 0 for p in plans):
-        group.temperature = _column([p.temperature for p in plans])
-        group.dynatemp_range = _column([p.dynatemp_range for p in plans])
-        group.dynatemp_exponent = _column([p.dynatemp_exponent for p in plans])
-        group.uses_dynatemp = _column([p.dynatemp_range > 0 for p in plans])
-    if any(p.adaptive_target is not None for p in plans):
-        group.adaptive_target = _column([p.adaptive_target or 0.0 for p in plans])
-        group.adaptive_decay = _column([p.adaptive_decay for p in plans])
-        group.uses_adaptive = _column([p.adaptive_target is not None for p in plans])
     return group
 
 
 def _plan_groups(rows: Sequence[RowSampling], vocab: int) -> list[_Group]:
-    by_kind: dict[tuple[str, int], list[int]] = {}
+    by_candidates: dict[Candidates, list[int]] = {}
     for i, row in enumerate(rows):
-        by_kind.setdefault(row.group, []).append(i)
+        by_candidates.setdefault(candidates_of(row.params, vocab), []).append(i)
     return [
-        _build_group(kind, k, positions, [rows[i] for i in positions], len(rows), vocab)
-        for (kind, k), positions in by_kind.items()
+        _build_group(candidates, positions, [rows[i] for i in positions], len(rows), vocab)
+        for candidates, positions in by_candidates.items()
     ]
 
 
 def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
-    """The group's tokens: one batched graph over its rows (as `make_sampler` per row)."""
+    """The group's tokens: the sampling chain over its rows, in one batched graph."""
     rows = logprobs if group.index is None else mx.take(logprobs, group.index, axis=0)
     if group.bias is not None:
         rows = rows + group.bias.astype(rows.dtype)
-    if group.kind == "greedy":
+    settings = group.settings
+    if settings is None:
         tokens = mx.argmax(rows, axis=-1)
         if group.post is not None:
             _keep_post(group, _PostBatch(_post_rows(group, tokens)))
         return tokens
-    keys = mx.stack([m.key for m in group.members])  # type: ignore[misc]
-    split = _split3(keys)
-    for i, member in enumerate(group.members):
-        member.key = split[i, 0]
-    vals = rows.astype(mx.float32)
-    if group.kind == "mirostat":  # the temperature, then each row's truncation at its mu
-        mu = mx.stack([m.mu for m in group.members])  # type: ignore[misc]
-        kept, ids = mirostat_candidates(vals * group.inv_temperature, mu, group.k)  # type: ignore[operator]
-        # Mirostat 1 sorts; 2 is a threshold in vocabulary order.
-        return _drawn(group, kept, ids, split[:, 2], ordered=group.k == 1, state=mu)
-    if group.top_n_sigma is not None:
-        masked = mask_top_n_sigma(vals, group.top_n_sigma)
-        vals = mx.where(group.uses_top_n_sigma, masked, vals)  # type: ignore[arg-type]
-    idx: mx.array | None = None
-    if group.kind == "top_k":
-        vals, idx = top_k_candidates(vals, group.k)
-    elif group.kind == "sorted":
-        vals, idx = sorted_candidates(vals)
-    if group.typical_p is not None:
-        vals = mx.where(group.uses_typical, mask_typical(vals, group.typical_p), vals)  # type: ignore[arg-type]
-    if group.top_p is not None:
-        vals = mx.where(group.uses_top_p, mask_top_p(vals, group.top_p), vals)  # type: ignore[arg-type]
-    if group.log_min_p is not None:
-        vals = mask_min_p(vals, group.log_min_p)  # type: ignore[arg-type]
-    if group.xtc_probability is not None:
-        apply = None
-        if not group.xtc_always:
-            apply = _uniform1(split[:, 1]) < group.xtc_probability
-        vals = mask_xtc(vals, group.xtc_threshold, apply)  # type: ignore[arg-type]
-    if group.dynatemp_range is not None:
-        dynamic = dynamic_temperature(
-            vals,
-            group.temperature,  # type: ignore[arg-type]
-            group.dynatemp_range,
-            group.dynatemp_exponent,  # type: ignore[arg-type]
-        )
-        vals = vals * mx.where(group.uses_dynatemp, 1.0 / dynamic, group.inv_temperature)  # type: ignore[arg-type]
+    members = group.members
+    # One member draws with its own key for every row (a request's own sampler may get
+    # several rows); several draw with a key per row.
+    keys = members[0].key if len(members) == 1 else mx.stack([m.key for m in members])  # type: ignore[misc]
+    next_keys, coin_keys, draw_keys = split_keys(keys)  # type: ignore[arg-type]
+    if len(members) == 1:
+        members[0].key = next_keys
     else:
-        vals = vals * group.inv_temperature  # type: ignore[operator]
-    if group.p_less is not None:
-        vals = mx.where(group.p_less, mask_p_less(vals), vals)
-    probs = averages = None
-    if group.adaptive_target is not None:
-        averages = _averages(group)
-        shaped, probs = adaptive_p_transform(vals, group.adaptive_target, averages)
-        vals = mx.where(group.uses_adaptive, shaped, vals)  # type: ignore[arg-type]
-    ordered = (
-        idx is not None
-        and group.xtc_probability is None
-        and group.typical_p is None
-        and group.adaptive_target is None
-    )
-    return _drawn(group, vals, idx, split[:, 2], ordered=ordered, probs=probs, state=averages)
-
-
-def _averages(group: _Group) -> mx.array:
-    """The members' adaptive-p averages ([G, 1]; 0 for members without adaptive-p)."""
+        for i, member in enumerate(members):
+            member.key = next_keys[i]
+    kind, k = group.candidates
+    if kind == "mirostat":
+        mu = mx.stack([m.mu for m in members])  # type: ignore[misc]
+        kept, ids = mirostat_truncate(settings, rows, mu, k)
+        choice = draw(kept, draw_keys)
+        tau, eta = settings.values("mirostat")
+        new_mu = mirostat_update(kept, choice, mu, tau, eta)
+        mx.async_eval(new_mu)
+        for i, member in enumerate(members):
+            member.mu = new_mu[i]
+        # Mirostat 1 sorts; 2 is a threshold in vocabulary order.
+        return _drawn(group, kept, ids, choice, ordered=k == 1)
+    vals, idx = truncate(settings, group.candidates, rows, coin_keys)
+    if not settings.uses("adaptive"):
+        ordered = idx is not None and not settings.reorders
+        return _drawn(group, vals, idx, draw(vals, draw_keys), ordered=ordered)
     zero = mx.zeros((1,), dtype=mx.float32)
-    return mx.stack([zero if m.average is None else m.average for m in group.members])
+    averages = mx.stack([zero if m.average is None else m.average for m in members])
+    vals, probs = adaptive_reshape(settings, vals, averages)
+    choice = draw(vals, draw_keys)
+    average = adaptive_p_update(probs, choice, averages, settings.values("adaptive")[1])
+    mx.async_eval(average)
+    for i, member in enumerate(members):
+        if member.average is not None:
+            member.average = average[i]
+    return _drawn(group, vals, idx, choice, ordered=False)
 
 
 def _drawn(
-    group: _Group,
-    vals: mx.array,
-    idx: mx.array | None,
-    keys: mx.array,
-    *,
-    ordered: bool,
-    probs: mx.array | None = None,
-    state: mx.array | None = None,
+    group: _Group, vals: mx.array, idx: mx.array | None, choice: mx.array, *, ordered: bool
 ) -> mx.array:
-    """Draw each row's token from its final candidates `vals`; keep what follows a draw: the
-    rows' next state from this step's `state` ([G, 1]: Mirostat's mu, or adaptive-p's
-    averages with `probs`, the candidates' probabilities before its reshaping) and the
-    post-sampling distributions."""
-    choice = _choice(vals, keys)
+    """The tokens of the rows' draws `choice` among their final candidates `vals`; keeps the
+    post-sampling distributions of the rows that asked."""
     tokens = chosen_tokens(choice, idx)
-    if group.kind == "mirostat" and state is not None:
-        new_mu = mirostat_update(vals, choice, state, group.mirostat_tau, group.mirostat_eta)  # type: ignore[arg-type]
-        mx.async_eval(new_mu)
-        for i, member in enumerate(group.members):
-            member.mu = new_mu[i]
-    elif probs is not None and state is not None:
-        average = adaptive_p_update(probs, choice, state, group.adaptive_decay)  # type: ignore[arg-type]
-        mx.async_eval(average)
-        for i, member in enumerate(group.members):
-            if member.average is not None:
-                member.average = average[i]
     if group.post is not None:
         # Only the rows that asked, in one graph: the draw's distribution, summarized.
         sub = [_post_rows(group, a) for a in (vals, choice, tokens)]
