@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
@@ -10,7 +9,6 @@ import stat
 import struct
 import sys
 import threading
-import time
 import wave
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +24,7 @@ from fixtures.audio import (
     speech_wav,
     tiny_kokoro_dir,
     tiny_whisper_dir,
+    until_stopped,
     write_ct2_whisper,
     write_pcm16_wav,
 )
@@ -529,26 +528,30 @@ def test_worker_queue_is_bounded() -> None:
         worker.stop()
 
 
-def test_worker_timeout_stops_the_job() -> None:
-    worker, release = _blocking_worker(timeout=0.2)
-    stopped = threading.Event()
-    caller_saw_timeout = threading.Event()
-
-    def slow(_models: AudioModels, should_stop: Callable[[], bool]) -> str:
-        deadline = time.monotonic() + 60
-        while not should_stop() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        stopped.set()
-        # On a loaded machine the job may start after its deadline and see should_stop()
-        # at once: never finish before the caller has had its timeout.
-        caller_saw_timeout.wait(30)
-        return "late"
-
+def test_worker_timeout_stops_the_job_and_fails_its_future() -> None:
+    worker, _ = _blocking_worker(timeout=1.0)
+    started, stopped = threading.Event(), threading.Event()
     try:
-        with pytest.raises(WorkerTimeoutError, match="timed out after 0.2 s"):
-            asyncio.run(worker.run(slow))
-        caller_saw_timeout.set()
-        assert stopped.wait(5), "the running job was not told to stop"
+        future = worker.submit(until_stopped(started, stopped))
+        # what the job returned after its deadline does not count: the future fails
+        with pytest.raises(WorkerTimeoutError, match="timed out after 1 s"):
+            future.result(30)
+        assert started.is_set() and stopped.is_set(), "the running job was not told to stop"
+        assert worker.stats.timeouts == 1 and worker.stats.jobs == 0
+    finally:
+        worker.stop()
+
+
+def test_cancelling_the_future_stops_the_running_job() -> None:
+    """What the server does when its client goes away: cancel the future."""
+    worker, _ = _blocking_worker(timeout=None)
+    started, stopped = threading.Event(), threading.Event()
+    try:
+        future = worker.submit(until_stopped(started, stopped))
+        assert started.wait(10)
+        assert not future.cancel()  # it runs: it cannot be dropped, so it is told to stop
+        assert stopped.wait(10), "the running job was not told to stop"
+        assert worker.submit(lambda _m, _s: "next").result(10) == "next"
     finally:
         worker.stop()
 
@@ -557,9 +560,9 @@ def test_worker_without_models_and_after_stop(speech: np.ndarray) -> None:
     worker, _ = _blocking_worker()
     assert worker.ready and not worker.has_stt and not worker.has_tts
     with pytest.raises(AudioUnavailableError, match="speech-to-text"):
-        asyncio.run(worker.transcribe(speech, TranscriptionOptions()))
+        worker.transcribe(speech, TranscriptionOptions()).result(10)
     with pytest.raises(AudioUnavailableError, match="text-to-speech"):
-        asyncio.run(worker.speak("[[hˈI]]"))
+        worker.speak("[[hˈI]]").result(10)
     worker.stop()
     with pytest.raises(WorkerStoppedError):
         worker.submit(lambda _m, _s: None)
@@ -576,7 +579,7 @@ def test_worker_transcribes_like_the_engine(tiny_whisper: WhisperModel, speech: 
     worker = AudioWorker(stt_model=str(tiny_whisper_dir())).start()
     try:
         assert worker.has_stt and worker.models.stt is not None
-        result = asyncio.run(worker.transcribe(speech, TranscriptionOptions()))
+        result = worker.transcribe(speech, TranscriptionOptions()).result(300)
         assert result == transcribe(tiny_whisper, speech)
     finally:
         worker.stop()
@@ -591,9 +594,8 @@ def test_worker_reports_progress_per_window(tiny_whisper: WhisperModel) -> None:
         def progress(done: float, total: float) -> None:
             seen.append((done, total, worker.progress))
 
-        result = asyncio.run(
-            worker.transcribe(long_audio, TranscriptionOptions(), progress=progress)
-        )
+        future = worker.transcribe(long_audio, TranscriptionOptions(), progress=progress)
+        result = future.result(600)
     finally:
         worker.stop()
     assert result.duration == 65.0

@@ -242,8 +242,8 @@ def _stub_worker(**kwargs: Any) -> tuple[AudioWorker, threading.Event]:
     release = threading.Event()
     audio = AudioWorker(loader=lambda: AudioModels(stt=object()), **kwargs).start()  # type: ignore[arg-type]
 
-    async def blocked(_samples: Any, _options: Any) -> Any:
-        return await audio.run(lambda _m, stop: release.wait(30) and stop())
+    def blocked(_samples: Any, _options: Any) -> Any:
+        return audio.submit(lambda _m, stop: release.wait(30) and stop())
 
     audio.transcribe = blocked  # type: ignore[method-assign]
     return audio, release
@@ -288,9 +288,9 @@ def test_http_handlers_never_block_on_the_worker(
     gate = threading.Event()
     original = worker.transcribe
 
-    async def gated(samples: Any, options: Any) -> Any:
-        await worker.run(lambda _m, _stop: gate.wait(10))
-        return await original(samples, options)
+    def gated(samples: Any, options: Any) -> Any:
+        worker.submit(lambda _m, _stop: gate.wait(10))  # the worker runs one job at a time
+        return original(samples, options)
 
     monkeypatch.setattr(worker, "transcribe", gated)
     app = make_app(worker)

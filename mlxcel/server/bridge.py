@@ -1,4 +1,10 @@
-"""Bridge between the engine thread and asyncio handlers.
+"""The engine-to-HTTP seam: how handlers wait on engine threads, and how engine errors
+become HTTP answers.
+
+Two shapes cross it. A text generation is a stream of events (`EngineClient.open`); a side
+worker's request (embeddings, rerank, audio, images) is one `concurrent.futures.Future`
+(`await_engine`). Either way an engine exception becomes its answer through one table,
+`engine_error_answer`, whichever family raised it.
 
 Events cross threads through one `_Dispatcher` per event loop: the engine thread appends to
 a deque and wakes the loop only when no drain is already pending; with an engine that
@@ -14,22 +20,98 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
+from mlxcel.engine.audio.phonemize import PhonemizerUnavailable
 from mlxcel.engine.errors import (
     ContextLengthError,
+    EngineError,
     InvalidRequestError,
     QueueFullError,
     RequestMemoryBudgetError,
 )
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
+from mlxcel.engine.workers.audio import AudioUnavailableError
+from mlxcel.engine.workers.errors import (
+    WorkerCrashedError,
+    WorkerStoppedError,
+    WorkerTimeoutError,
+)
 from mlxcel.server.errors import (
+    APIError,
     bad_request,
     context_too_long,
     memory_budget_exceeded,
+    not_implemented,
     server_busy,
+    timeout_error,
 )
+
+T = TypeVar("T")
+
+
+def engine_error_answer(exc: EngineError) -> APIError | None:
+    """The HTTP answer to an engine exception, for every engine family; None for an engine
+    error with no answer of its own (it becomes a 500 like any unexpected exception).
+
+    A full queue is 503 `server_busy` with the spec's one message; a memory budget 503; a
+    stopped worker 503; a deadline 504; a worker that died mid-request 500; no model for
+    the request 501; a bad request 400 (`context_length_exceeded` for a long prompt).
+    """
+    match exc:
+        case QueueFullError():
+            return server_busy()
+        case RequestMemoryBudgetError():
+            return memory_budget_exceeded(exc.estimated_bytes, exc.budget_bytes, str(exc))
+        case WorkerStoppedError():
+            return APIError(503, str(exc), "unavailable_error")
+        case WorkerTimeoutError():
+            return timeout_error(str(exc))
+        case WorkerCrashedError():
+            return APIError(500, str(exc), "server_error")
+        case AudioUnavailableError():
+            return not_implemented(str(exc))
+        case PhonemizerUnavailable():  # an InvalidRequestError: the model cannot, not the client
+            return APIError(501, str(exc), "not_supported_error")
+        case ContextLengthError():
+            return context_too_long(exc)
+        case InvalidRequestError():
+            return bad_request(str(exc))
+    return None
+
+
+@contextmanager
+def engine_errors() -> Iterator[None]:
+    """Raise an engine error of the block as its HTTP answer (`engine_error_answer`)."""
+    try:
+        yield
+    except EngineError as exc:
+        answer = engine_error_answer(exc)
+        if answer is None:
+            raise
+        raise answer from exc
+
+
+async def await_engine(submit: Callable[[], Future[T]], timeout: float | None) -> T:
+    """Submit a request to an engine worker and await its result without blocking the loop.
+
+    `submit` runs here, so a full queue or an invalid request is answered before any work.
+    Past `timeout` seconds (None: no limit), or when the awaiting handler is cancelled (the
+    client went away), the future is cancelled: a queued request is dropped, and a running
+    one on a worker that returns a `StoppableFuture` (audio, images) stops at its next step.
+    Engine errors, raised by `submit` or through the future, become their HTTP answer.
+    """
+    with engine_errors():
+        waiter = asyncio.wrap_future(submit())
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            if timeout is None or not waiter.cancelled():
+                raise  # the job's own TimeoutError, not the wait's
+            raise WorkerTimeoutError.after(timeout) from None
 
 
 class _Dispatcher:
@@ -211,14 +293,6 @@ class EngineClient:
         """Submit `request` now (raising APIError on 400/503) and return its stream."""
         stream = EngineStream(self.engine, request)
         held = getattr(self.engine, "flushes_sinks", False)
-        try:
+        with engine_errors():
             self.engine.submit(request, _HeldSink(stream) if held else stream._sink)
-        except QueueFullError as exc:
-            raise server_busy() from exc
-        except RequestMemoryBudgetError as exc:
-            raise memory_budget_exceeded(exc.estimated_bytes, exc.budget_bytes, str(exc)) from exc
-        except ContextLengthError as exc:
-            raise context_too_long(exc) from exc
-        except InvalidRequestError as exc:
-            raise bad_request(str(exc)) from exc
         return stream

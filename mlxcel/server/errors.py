@@ -74,6 +74,16 @@ def server_busy(message: str = "All slots are busy. Please try again later.") ->
     return APIError(503, message, "server_busy", headers={"Retry-After": RETRY_AFTER_SECONDS})
 
 
+def timeout_error(message: str) -> APIError:
+    """504 timeout_error: the request did not finish within its deadline."""
+    return APIError(504, message, "timeout_error")
+
+
+def not_implemented(message: str) -> APIError:
+    """501 not_implemented: no model on this server handles the route."""
+    return APIError(501, message, "not_implemented")
+
+
 def memory_budget_exceeded(estimated_bytes: int, budget_bytes: int, message: str) -> APIError:
     """503 request_memory_budget_exceeded with the spec's `estimated_bytes`/`budget_bytes`."""
     return APIError(

@@ -87,7 +87,7 @@ def test_an_audio_job_that_kills_the_worker_answers_500_and_the_next_job_runs() 
     import pytest
 
     from mlxcel.engine.workers.audio import AudioModels, AudioWorker
-    from mlxcel.server.audio.serving import call_worker
+    from mlxcel.server.bridge import await_engine
     from mlxcel.server.errors import APIError
 
     worker = AudioWorker(loader=AudioModels, timeout=20).start()
@@ -97,9 +97,10 @@ def test_an_audio_job_that_kills_the_worker_answers_500_and_the_next_job_runs() 
 
     try:
         with pytest.raises(APIError) as caught:
-            asyncio.run(call_worker(worker.run(dies)))
+            asyncio.run(await_engine(lambda: worker.submit(dies), worker.timeout))
         assert caught.value.status == 500
         assert worker.running
-        assert asyncio.run(call_worker(worker.run(lambda models, stop: "ok"))) == "ok"
+        ok = await_engine(lambda: worker.submit(lambda models, stop: "ok"), worker.timeout)
+        assert asyncio.run(ok) == "ok"
     finally:
         worker.stop()

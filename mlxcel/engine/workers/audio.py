@@ -1,23 +1,22 @@
 """The audio worker: one thread that owns the Whisper and Kokoro models, one job at a time.
 
 Jobs wait in a bounded queue (`queue_depth`; a full queue raises QueueFullError at once, which
-the server answers with 503). Each job has a deadline (`timeout`): past it the caller gets
-WorkerTimeoutError (504) and the job is dropped if it has not started, or stopped at its next
-window (transcription) or chunk (speech) if it has. Results come back through
-`concurrent.futures.Future`, so async handlers await them without touching MLX; the thread has
-its own MLX stream and never blocks the text engine.
+the server answers with 503). Each job has a deadline (`timeout`): past it the job fails with
+WorkerTimeoutError (504), dropped if it has not started, stopped at its next window
+(transcription) or chunk (speech) if it has. Results come back through a `StoppableFuture`:
+cancelling it stops the job the same way (its caller went away). The server awaits these
+futures without touching MLX; the thread has its own MLX stream and never blocks the text
+engine.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +27,7 @@ from mlxcel.engine.workers.errors import (
     WorkerTimeoutError,
 )
 from mlxcel.engine.workers.job_queue import JobQueue
+from mlxcel.engine.workers.stoppable_future import StoppableFuture
 
 if TYPE_CHECKING:
     import numpy as np
@@ -88,13 +88,13 @@ class TranscriptionProgress:
 class _Job:
     run: Callable[[AudioModels, Callable[[], bool]], Any]
     deadline: float | None
-    future: Future[Any] = field(default_factory=Future)
-    stop: threading.Event = field(default_factory=threading.Event)
+    future: StoppableFuture[Any] = field(default_factory=StoppableFuture)
+    timed_out: bool = False
 
     def should_stop(self) -> bool:
         if self.deadline is not None and time.monotonic() > self.deadline:
-            self.stop.set()
-        return self.stop.is_set()
+            self.timed_out = True
+        return self.timed_out or self.future.stop_requested()
 
 
 class AudioWorker:
@@ -191,39 +191,19 @@ class AudioWorker:
     def has_tts(self) -> bool:
         return self.models.tts is not None
 
-    def submit(self, run: Callable[[AudioModels, Callable[[], bool]], T]) -> Future[T]:
-        """Queue `run(models, should_stop)`; QueueFullError at once when the queue is full."""
-        return self._submit(run).future
+    def submit(self, run: Callable[[AudioModels, Callable[[], bool]], T]) -> StoppableFuture[T]:
+        """Queue `run(models, should_stop)`; QueueFullError at once when the queue is full.
 
-    def _submit(self, run: Callable[[AudioModels, Callable[[], bool]], Any]) -> _Job:
+        The future fails with WorkerTimeoutError past the worker's timeout; cancelling it
+        drops the job, or stops it at its next `should_stop()` if it runs.
+        """
         if self._stopping.is_set() or not self.running:
             raise WorkerStoppedError(f"{self.name} is not running")
         deadline = time.monotonic() + self.timeout if self.timeout else None
         job = _Job(run=run, deadline=deadline)
         if not self._queue.put(job):
             raise QueueFullError(f"{self.name}: {self.queue_depth} audio requests already waiting")
-        return job
-
-    async def run(self, run: Callable[[AudioModels, Callable[[], bool]], T]) -> T:
-        """Submit and await `run`; WorkerTimeoutError past the worker's timeout. A job that
-        times out, or whose caller is cancelled, stops at its next window or chunk."""
-        job = self._submit(run)
-        waiter = asyncio.wrap_future(job.future)
-        try:
-            if self.timeout is None:
-                return await waiter
-            return await asyncio.wait_for(waiter, self.timeout)
-        except asyncio.TimeoutError:
-            job.stop.set()
-            job.future.cancel()
-            self.stats.timeouts += 1
-            raise WorkerTimeoutError(
-                f"the audio request timed out after {self.timeout:g} s"
-            ) from None
-        except asyncio.CancelledError:
-            job.stop.set()  # the client went away
-            job.future.cancel()
-            raise
+        return job.future
 
     @property
     def progress(self) -> TranscriptionProgress | None:
@@ -231,16 +211,16 @@ class AudioWorker:
         None when no transcription is running."""
         return self._progress
 
-    async def transcribe(
+    def transcribe(
         self,
         audio: np.ndarray,
         options: TranscriptionOptions,
         *,
         progress: Callable[[float, float], None] | None = None,
-    ) -> Transcription:
-        """Transcribe 16 kHz mono samples on the worker. `progress(done_s, total_s)` is called
+    ) -> StoppableFuture[Transcription]:
+        """Queue a transcription of 16 kHz mono samples. `progress(done_s, total_s)` is called
         on the worker thread after each window (long audio is read 30 s at a time)."""
-        return await self.run(self._transcription_job(audio, options, progress))
+        return self.submit(self._transcription_job(audio, options, progress))
 
     def _transcription_job(
         self,
@@ -279,10 +259,10 @@ class AudioWorker:
 
         return job
 
-    async def speak(
+    def speak(
         self, text: str, *, voice: str | None = None, speed: float = 1.0, phonemes: bool = False
-    ) -> Speech:
-        """Synthesize speech on the worker."""
+    ) -> StoppableFuture[Speech]:
+        """Queue a speech synthesis."""
         from mlxcel.engine.audio.tts import synthesize
 
         def job(models: AudioModels, stop: Callable[[], bool]) -> Speech:
@@ -292,7 +272,7 @@ class AudioWorker:
                 models.tts, text, voice=voice, speed=speed, phonemes=phonemes, should_stop=stop
             )
 
-        return await self.run(job)
+        return self.submit(job)
 
     # --- the thread ------------------------------------------------------------------
 
@@ -330,7 +310,7 @@ class AudioWorker:
 
     def _serve(self, job: _Job) -> None:
         if not job.future.set_running_or_notify_cancel():
-            return  # timed out or abandoned while queued
+            return  # abandoned while queued (its caller timed out or went away)
         if job.should_stop():
             self.stats.timeouts += 1
             job.future.set_exception(WorkerTimeoutError("the audio request timed out in the queue"))
@@ -339,6 +319,9 @@ class AudioWorker:
         try:
             result = job.run(self.models, job.should_stop)
         except Exception as exc:
+            if job.timed_out:  # stopped at its deadline (TranscriptionCancelled, ...)
+                self._time_out(job)
+                return
             self.stats.failures += 1
             if not isinstance(exc, EngineError):
                 log.exception("%s: job failed", self.name)
@@ -348,7 +331,14 @@ class AudioWorker:
             log.error("%s: worker died mid-request (%s); restarted", self.name, type(exc).__name__)
             job.future.set_exception(WorkerCrashedError(f"{self.name} died mid-request; restarted"))
         else:
+            if job.timed_out:  # it returned after its deadline: what it made is cut short
+                self._time_out(job)
+                return
             self.stats.jobs += 1
             job.future.set_result(result)
         finally:
             self.stats.busy_seconds += time.perf_counter() - started
+
+    def _time_out(self, job: _Job) -> None:
+        self.stats.timeouts += 1
+        job.future.set_exception(WorkerTimeoutError.after(self.timeout or 0.0))

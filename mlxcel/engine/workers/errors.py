@@ -1,4 +1,5 @@
-"""Errors of the side workers (embeddings, rerank): each maps to one HTTP status."""
+"""Errors of the side workers (embeddings, rerank, audio, images): each maps to one HTTP
+status (the table is `mlxcel.server.bridge.engine_error_answer`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from mlxcel.engine.errors import EngineError
 
 class WorkerTimeoutError(EngineError):
     """A job waited or ran past its deadline (maps to HTTP 504)."""
+
+    @classmethod
+    def after(cls, seconds: float) -> WorkerTimeoutError:
+        """The error of a job that did not finish within `seconds`."""
+        return cls(f"the request timed out after {seconds:g} s")
 
 
 class WorkerStoppedError(EngineError):

@@ -2,24 +2,23 @@
 
 It is a `BatchWorker` whose batches hold a single job, so it inherits the bounded queue
 (QueueFullError at once when full, which the server answers with 503 before any work), the
-deadline check before a job starts and the clean stop. `run` awaits a job with the per-request
-timeout (WorkerTimeoutError, 504); a job that times out, or whose client goes away, stops at
-its next denoising step. Errors of the request itself (ImageStoppedError, InvalidRequestError)
-come back through the job's future without a logged traceback.
+deadline check before a job starts and the clean stop. A job past the per-request timeout
+stops at its next denoising step and fails with WorkerTimeoutError (504); cancelling its
+`StoppableFuture` (the client went away) stops it there too. Errors of the request itself
+(ImageStoppedError, InvalidRequestError) come back through the future without a logged
+traceback.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlxcel.engine.errors import EngineError
 from mlxcel.engine.workers.batch_worker import BatchWorker, Job
 from mlxcel.engine.workers.errors import WorkerTimeoutError
+from mlxcel.engine.workers.stoppable_future import StoppableFuture
 
 if TYPE_CHECKING:
     from mlxcel.engine.image import GeneratedPicture, ImageJob, ImageModel
@@ -33,21 +32,25 @@ class _Task:
     """One image request as the single 'sequence' of a one-job batch."""
 
     def __init__(
-        self, model: ImageModel, job: ImageJob, on_step: StepCallback | None, deadline: float | None
+        self,
+        model: ImageModel,
+        job: ImageJob,
+        on_step: StepCallback | None,
+        deadline: float | None,
+        future: StoppableFuture[list[GeneratedPicture]],
     ) -> None:
         self.model = model
         self.job = job
         self.on_step = on_step
         self.deadline = deadline
-        self.stop = threading.Event()
+        self.future = future
 
     def __len__(self) -> int:
         return 1
 
     def should_stop(self) -> bool:
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            self.stop.set()
-        return self.stop.is_set()
+        past_deadline = self.deadline is not None and time.monotonic() > self.deadline
+        return past_deadline or self.future.stop_requested()
 
     def prepare(self) -> list[_Task]:
         return [self]
@@ -113,16 +116,17 @@ class ImageWorker:
 
     def submit(
         self, job: ImageJob, *, on_step: StepCallback | None = None
-    ) -> tuple[Future[list[GeneratedPicture]], Callable[[], None]]:
-        """Check and queue `job`; return its future and a function that stops it.
+    ) -> StoppableFuture[list[GeneratedPicture]]:
+        """Check and queue `job`; its future's `cancel()` stops it at the next step.
 
         InvalidRequestError when the job does not fit the model, QueueFullError when the
         queue is full, both before any work.
         """
         self.model.check(job)
         deadline = time.monotonic() + self.timeout if self.timeout else None
-        task = _Task(self.model, job, on_step, deadline)
-        future = self.worker.submit(
+        future: StoppableFuture[list[GeneratedPicture]] = StoppableFuture()
+        task = _Task(self.model, job, on_step, deadline, future)
+        self.worker.submit(
             Job(
                 prepare=task.prepare,
                 forward=_Task.forward,
@@ -130,26 +134,7 @@ class ImageWorker:
                 key="image",
                 size=1,
                 deadline=deadline,
+                future=future,
             )
         )
-        return future, task.stop.set
-
-    async def run(self, job: ImageJob) -> list[GeneratedPicture]:
-        """Submit `job` and await its pictures; WorkerTimeoutError past the timeout."""
-        future, stop = self.submit(job)
-        waiter = asyncio.wrap_future(future)
-        try:
-            if self.timeout is None:
-                return await waiter
-            return await asyncio.wait_for(waiter, self.timeout)
-        except asyncio.TimeoutError:
-            stop()
-            future.cancel()
-            self.worker.stats.timeouts += 1
-            raise WorkerTimeoutError(
-                f"the image request timed out after {self.timeout:g} s"
-            ) from None
-        except asyncio.CancelledError:
-            stop()  # the client went away
-            future.cancel()
-            raise
+        return future

@@ -26,13 +26,12 @@ from mlxcel.server.audio.protocol import (
     TranscriptionForm,
 )
 from mlxcel.server.audio.serving import (
-    not_implemented,
     require_worker,
     served_routes,
     speech_response,
     transcription_response,
 )
-from mlxcel.server.errors import APIError, bad_request
+from mlxcel.server.errors import APIError, bad_request, not_implemented
 from mlxcel.server.json_body import JsonBodyRoute
 
 if TYPE_CHECKING:

@@ -3,35 +3,22 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from mlxcel.engine.errors import InvalidRequestError, QueueFullError
-from mlxcel.engine.workers.errors import (
-    WorkerCrashedError,
-    WorkerStoppedError,
-    WorkerTimeoutError,
-)
 from mlxcel.server.audio.protocol import SPEECH_MEDIA_TYPES, SpeechRequest, TranscriptionForm
-from mlxcel.server.errors import APIError, bad_request, server_busy
+from mlxcel.server.bridge import await_engine
+from mlxcel.server.errors import APIError, bad_request, not_implemented
 from mlxcel.server.media.offload import off_loop
 
 if TYPE_CHECKING:
     from mlxcel.engine.audio.transcribe import Transcription
     from mlxcel.engine.workers.audio import AudioWorker
 
-T = TypeVar("T")
-
 TRANSCRIPTION_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations")
 SPEECH_ROUTES = ("/v1/audio/speech",)
-
-
-def not_implemented(message: str) -> APIError:
-    """501 `not_implemented`: no model on this server handles the route."""
-    return APIError(501, message, "not_implemented")
 
 
 def audio_worker(request: Request) -> AudioWorker | None:
@@ -69,29 +56,6 @@ def require_worker(request: Request, *, stt: bool) -> AudioWorker:
     return worker
 
 
-async def call_worker(job: Awaitable[T]) -> T:
-    """Await a worker job, mapping engine errors to HTTP ones (400, 501, 503, 504)."""
-    from mlxcel.engine.audio.phonemize import PhonemizerUnavailable
-    from mlxcel.engine.workers.audio import AudioUnavailableError
-
-    try:
-        return await job
-    except QueueFullError as exc:
-        raise server_busy(f"{exc}; try again later") from exc
-    except WorkerStoppedError as exc:
-        raise APIError(503, str(exc), "unavailable_error") from exc
-    except WorkerTimeoutError as exc:
-        raise APIError(504, str(exc), "timeout_error") from exc
-    except WorkerCrashedError as exc:
-        raise APIError(500, str(exc), "server_error") from exc
-    except AudioUnavailableError as exc:
-        raise not_implemented(str(exc)) from exc
-    except PhonemizerUnavailable as exc:
-        raise APIError(501, str(exc), "not_supported_error") from exc
-    except InvalidRequestError as exc:
-        raise bad_request(str(exc)) from exc
-
-
 async def transcription_response(
     worker: AudioWorker, data: bytes, filename: str, form: TranscriptionForm, *, task: str
 ) -> Response:
@@ -110,7 +74,7 @@ async def transcription_response(
         temperature=form.temperature,
         word_timestamps=form.words,
     )
-    result = await call_worker(worker.transcribe(audio.samples, options))
+    result = await await_engine(lambda: worker.transcribe(audio.samples, options), worker.timeout)
     return render_transcription(result, form)
 
 
@@ -137,7 +101,9 @@ async def speech_response(worker: AudioWorker, body: SpeechRequest) -> Response:
     fmt = body.audio_format()
     if not body.input.strip():
         raise bad_request("input must not be empty")
-    speech = await call_worker(worker.speak(body.input, voice=body.voice, speed=body.speed))
+    speech = await await_engine(
+        lambda: worker.speak(body.input, voice=body.voice, speed=body.speed), worker.timeout
+    )
     if fmt == "pcm":
         content = to_pcm16(speech.samples)
     else:

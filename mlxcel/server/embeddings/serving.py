@@ -2,60 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from collections.abc import Sequence
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mlxcel.engine.errors import ContextLengthError, InvalidRequestError, QueueFullError
-from mlxcel.engine.workers.errors import (
-    WorkerCrashedError,
-    WorkerStoppedError,
-    WorkerTimeoutError,
-)
-from mlxcel.server.errors import APIError, bad_request, context_too_long, server_busy
+from mlxcel.server.bridge import await_engine
 
 if TYPE_CHECKING:
     from mlxcel.engine.embeddings.embedder import EmbeddingOutput
     from mlxcel.engine.workers.embedding_worker import EmbeddingWorker
     from mlxcel.server.embeddings.protocol import EmbeddingItem
 
-T = TypeVar("T")
-
 DEFAULT_MAX_INPUTS = 2048
 DEFAULT_TIMEOUT_SECONDS = 600.0
-
-
-def timeout_error(seconds: float | None = None) -> APIError:
-    """504: the job did not finish in time."""
-    after = f" after {seconds:g} s" if seconds else ""
-    return APIError(504, f"the request timed out{after}", "timeout_error")
-
-
-async def await_job(submit: Any, timeout: float | None) -> Any:
-    """Submit a job (a callable returning a Future), await it; engine errors → APIError.
-
-    Invalid input → 400, a full queue → 503 `server_busy`, past `timeout` → 504.
-    """
-    try:
-        future: Future[Any] = submit()
-        waiter = asyncio.wrap_future(future)
-        return await (asyncio.wait_for(waiter, timeout) if timeout else waiter)
-    except QueueFullError as exc:
-        raise server_busy() from exc
-    except WorkerStoppedError as exc:
-        raise APIError(503, str(exc), "unavailable_error") from exc
-    except WorkerCrashedError as exc:
-        raise APIError(500, str(exc), "server_error") from exc
-    except ContextLengthError as exc:
-        raise context_too_long(exc) from exc
-    except InvalidRequestError as exc:
-        raise bad_request(str(exc)) from exc
-    except (asyncio.TimeoutError, WorkerTimeoutError) as exc:
-        raise timeout_error(timeout) from exc
 
 
 class EmbeddingService:
@@ -93,14 +54,12 @@ class EmbeddingService:
     ) -> EmbeddingOutput:
         """Run `inputs` on the worker."""
         mode = self.normalize if normalize is None else normalize
-
-        def submit() -> Future[EmbeddingOutput]:
-            return self.worker.embed(
+        return await await_engine(
+            lambda: self.worker.embed(
                 list(inputs), normalize=mode, truncate=truncate, dimensions=dimensions
-            )
-
-        result: EmbeddingOutput = await await_job(submit, self.timeout)
-        return result
+            ),
+            self.timeout,
+        )
 
 
 def _b64(vector: np.ndarray) -> str:

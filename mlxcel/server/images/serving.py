@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from mlxcel.engine.errors import InvalidRequestError, QueueFullError
-from mlxcel.engine.workers.errors import WorkerStoppedError, WorkerTimeoutError
-from mlxcel.server.errors import APIError, bad_request, server_busy
+from mlxcel.engine.errors import InvalidRequestError
+from mlxcel.server.bridge import await_engine
+from mlxcel.server.errors import APIError, bad_request, not_implemented
 from mlxcel.server.images.protocol import (
     FILE_FIELDS,
     ImageData,
@@ -49,11 +49,9 @@ def require_worker(request: Request) -> ImageWorker:
     """The image worker; 501 naming --image-model when the server has none."""
     worker = image_worker(request)
     if worker is None:
-        raise APIError(
-            501,
+        raise not_implemented(
             "this server has no image model; start it with --image-model PATH "
-            "(or MLXCEL_IMAGE_MODEL) to serve /v1/images/generations and /v1/images/edits",
-            "not_implemented",
+            "(or MLXCEL_IMAGE_MODEL) to serve /v1/images/generations and /v1/images/edits"
         )
     return worker
 
@@ -175,19 +173,8 @@ def build_job(body: Any, images: list[bytes] | None = None) -> ImageJob:
 
 
 async def run_job(worker: ImageWorker, job: ImageJob) -> list[GeneratedPicture]:
-    """Run `job` on the worker, mapping engine errors to HTTP ones (400, 503, 504)."""
-    from mlxcel.engine.image import ImageStoppedError
-
-    try:
-        return await worker.run(job)
-    except InvalidRequestError as exc:
-        raise bad_request(str(exc)) from exc
-    except QueueFullError as exc:
-        raise server_busy(f"{exc}; try again later") from exc
-    except WorkerStoppedError as exc:
-        raise APIError(503, str(exc), "unavailable_error") from exc
-    except (WorkerTimeoutError, ImageStoppedError) as exc:
-        raise APIError(504, str(exc), "timeout_error") from exc
+    """Run `job` on the worker within its timeout; engine errors become HTTP ones."""
+    return await await_engine(lambda: worker.submit(job), worker.timeout)
 
 
 def render(job: ImageJob, pictures: list[GeneratedPicture]) -> dict[str, Any]:

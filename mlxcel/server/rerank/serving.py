@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from mlxcel.server.embeddings.serving import (
-    DEFAULT_MAX_INPUTS,
-    DEFAULT_TIMEOUT_SECONDS,
-    await_job,
-)
+from mlxcel.server.bridge import await_engine
+from mlxcel.server.embeddings.serving import DEFAULT_MAX_INPUTS, DEFAULT_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from mlxcel.engine.embeddings.rerank import RerankOutput
@@ -45,14 +41,12 @@ class RerankService:
         instruction: str | None = None,
     ) -> RerankOutput:
         """Score `documents` against `query` on the worker."""
-
-        def submit() -> Future[RerankOutput]:
-            return self.worker.rerank(
+        return await await_engine(
+            lambda: self.worker.rerank(
                 query, list(documents), truncate=truncate, instruction=instruction
-            )
-
-        result: RerankOutput = await await_job(submit, self.timeout)
-        return result
+            ),
+            self.timeout,
+        )
 
 
 def _ranked(output: RerankOutput, top_n: int | None) -> list[int]:
