@@ -197,16 +197,14 @@ def to_generation_request(
     max_tokens: int | None,
     priority: Priority,
     logprobs: int | None = None,
-    max_choices: int = 1,
 ) -> GenerationRequest:
     """Build the engine request: request fields over the server's defaults.
 
     `max_tokens` is the request's limit (None or -1: the server's `--predict`, and when
     that is -1 too, up to the slot's context; the engine bounds it by the context anyway).
-    Out-of-range values raise a 400 APIError; `n` above `max_choices` too (the route
-    runs the choices itself, see `per_choice`).
+    Out-of-range values raise a 400 APIError. `n` is the route's to check (`check_n`): it
+    runs the choices itself, see `per_choice`.
     """
-    fields.check_n(max_choices)
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
     if max_tokens is None or max_tokens == -1:
