@@ -162,6 +162,7 @@ class NativeServing:
         self, body: NativeCompletionRequest, tokens: list[int], raw: Request
     ) -> GenerationRequest:
         state = self.state
+        body.check_n()  # one sequence per request here
         request = to_generation_request(
             body,
             settings=state.settings,
