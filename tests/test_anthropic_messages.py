@@ -538,10 +538,10 @@ def test_disable_parallel_tool_use_and_choice_translation() -> None:
 
     single = chat({"type": "any", "disable_parallel_tool_use": True})
     assert single.tool_choice == "required"
-    assert (single.model_extra or {}).get("parallel_tool_calls") is False
+    assert single.parallel_tool_calls is False
     named = chat({"type": "tool", "name": "get_weather"})
     assert named.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
-    assert "parallel_tool_calls" not in (named.model_extra or {})
+    assert named.parallel_tool_calls is None
     assert chat({"type": "auto"}).tools == [
         {
             "type": "function",
@@ -658,7 +658,7 @@ def test_conversion_of_blocks() -> None:
         "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
     }
     chat = to_chat_request(MessagesRequest.model_validate(body))
-    messages = [m.model_dump(exclude_none=True) for m in chat.messages]
+    messages = [turn.message for turn in chat.turns]
     assert messages[0] == {
         "role": "user",
         "content": [
@@ -682,14 +682,16 @@ def test_conversion_of_blocks() -> None:
         ],
     }
     assert len(messages) == 3
-    assert (chat.max_tokens, chat.top_k, chat.top_p, chat.seed, chat.min_p) == (9, 5, 0.5, 7, 0.1)
-    assert "metadata" not in (chat.model_extra or {})
+    options = chat.options
+    assert chat.max_tokens == 9
+    assert (options.top_k, options.top_p, options.seed, options.min_p) == (5, 0.5, 7, 0.1)
+    assert "metadata" not in (options.model_extra or {})
     assert chat.response_format == {
         "type": "json_schema",
         "json_schema": {"name": "output", "schema": {"type": "object"}},
     }
     counted = to_chat_request(CountTokensRequest.model_validate({**body, "stop_sequences": ["x"]}))
-    assert counted.max_tokens is None and counted.stop is None
+    assert counted.max_tokens is None and counted.options.stop is None
 
 
 # ----------------------------------------------------------------------------- errors

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 
 from mlxcel.engine.text.request import GenerationEvent, TokenLogprob
@@ -26,6 +26,15 @@ if TYPE_CHECKING:
 M = TypeVar("M", bound=BaseModel)
 
 _ID_ALPHABET = string.ascii_letters + string.digits
+
+
+class StreamOptions(BaseModel):
+    """`stream_options` of the chat and text completion bodies: only `include_usage` has a
+    meaning here."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
 
 
 def new_id(prefix: str) -> str:

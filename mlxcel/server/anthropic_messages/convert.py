@@ -1,4 +1,4 @@
-"""An Anthropic Messages request as the chat completion request the chat path serves.
+"""An Anthropic Messages request as the chat core's `ChatRequest`.
 
 The chat path renders, constrains and parses; this module only translates:
 
@@ -30,8 +30,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import AliasChoices, ValidationError
 
 from mlxcel.server.anthropic_messages.protocol import CountTokensRequest, MessagesRequest
+from mlxcel.server.chat.request import ChatOptions, ChatRequest, ChatTurn
 from mlxcel.server.errors import bad_request
-from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
 from mlxcel.server.sampling_fields import SamplingFields
 
 TOOL_ID_PREFIX = "toolu_"
@@ -174,9 +174,11 @@ def _tool_message(where: str, block: dict[str, Any], images: bool) -> dict[str, 
 Located = tuple[str, dict[str, Any]]  # (where the block is, the block)
 
 
-def _turns(body: CountTokensRequest) -> Iterator[tuple[str, list[Located]]]:
-    """(role, located blocks) per turn, consecutive messages of one role merged."""
+def _turns(body: CountTokensRequest) -> Iterator[tuple[str, str, list[Located]]]:
+    """(role, where the turn starts, located blocks) per turn, consecutive messages of one
+    role merged."""
     role: str | None = None
+    start = ""
     blocks: list[Located] = []
     for i, message in enumerate(body.messages):
         content = message.content
@@ -189,13 +191,14 @@ def _turns(body: CountTokensRequest) -> Iterator[tuple[str, list[Located]]]:
                 if not isinstance(block, dict) or not isinstance(block.get("type"), str):
                     raise bad_request(f"{where}: a content block needs a 'type'")
                 items.append((where, block))
-        if message.role != role and role is not None:
-            yield role, blocks
-            blocks = []
+        if message.role != role:
+            if role is not None:
+                yield role, start, blocks
+            blocks, start = [], f"messages[{i}]"
         role = message.role
         blocks.extend(items)
     if role is not None:
-        yield role, blocks
+        yield role, start, blocks
 
 
 def _user_messages(blocks: list[Located], images: bool) -> list[dict[str, Any]]:
@@ -255,19 +258,19 @@ def _tool_call(where: str, block: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def chat_messages(body: CountTokensRequest, *, images: bool = True) -> list[dict[str, Any]]:
-    """The chat `messages` of `body` (system first, when there is one); `images`: whether
-    the model takes image blocks (else they are a 400)."""
-    messages: list[dict[str, Any]] = []
+def chat_turns(body: CountTokensRequest, *, images: bool = True) -> list[ChatTurn]:
+    """The chat turns of `body` (system first, when there is one); `images`: whether the
+    model takes image blocks (else they are a 400)."""
+    turns: list[ChatTurn] = []
     system = system_text(body.system)
     if system:
-        messages.append({"role": "system", "content": system})
-    for role, blocks in _turns(body):
+        turns.append(ChatTurn({"role": "system", "content": system}, "system"))
+    for role, where, blocks in _turns(body):
         if role == "user":
-            messages.extend(_user_messages(blocks, images))
+            turns.extend(ChatTurn(m, where) for m in _user_messages(blocks, images))
         else:
-            messages.append(_assistant_message(blocks))
-    return messages
+            turns.append(ChatTurn(_assistant_message(blocks), where))
+    return turns
 
 
 def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -340,46 +343,44 @@ def response_format(body: CountTokensRequest) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
 
 
-def to_chat_request(body: CountTokensRequest, *, images: bool = True) -> ChatCompletionRequest:
-    """`body` as a chat completion request (400 for what cannot be translated, and for
-    image blocks unless `images`: the loaded model takes them)."""
+def to_chat_request(body: CountTokensRequest, *, images: bool = True) -> ChatRequest:
+    """`body` as the chat core's request (400 for what cannot be translated, and for image
+    blocks unless `images`: the loaded model takes them). A streamed answer asks for the
+    prompt progress (`message_start` reports the cached tokens from it)."""
     extra = body.model_extra or {}
-    payload: dict[str, Any] = {k: v for k, v in extra.items() if k in PASSTHROUGH_FIELDS}
-    payload["model"] = body.model
-    payload["messages"] = chat_messages(body, images=images)
-    tools = function_tools(body.tools)
-    if tools:
-        payload["tools"] = tools
+    fields: dict[str, Any] = {k: v for k, v in extra.items() if k in PASSTHROUGH_FIELDS}
+    turns = chat_turns(body, images=images)
     choice, parallel = tool_choice(body.tool_choice)
-    if choice is not None:
-        payload["tool_choice"] = choice
-    if not parallel:
-        payload["parallel_tool_calls"] = False
     kwargs = extra.get("chat_template_kwargs")
     template_kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
     enable, budget = thinking(body.thinking)
     if enable is not None:
         template_kwargs["enable_thinking"] = enable
     if template_kwargs:
-        payload["chat_template_kwargs"] = template_kwargs
-    if budget is not None:
-        payload["thinking_budget_tokens"] = budget
-    fmt = response_format(body)
-    if fmt is not None:
-        payload["response_format"] = fmt
+        fields["chat_template_kwargs"] = template_kwargs
     if isinstance(body, MessagesRequest):
-        payload["max_tokens"] = body.max_tokens
+        fields["max_tokens"] = body.max_tokens
         if body.stop_sequences:
-            payload["stop"] = body.stop_sequences
+            fields["stop"] = body.stop_sequences
         for name in ("temperature", "top_p", "top_k"):
             value = getattr(body, name)
             if value is not None:
-                payload[name] = value
+                fields[name] = value
+        if body.stream:
+            fields["return_progress"] = True
     try:
-        if payload["messages"]:
-            return ChatCompletionRequest.model_validate(payload)
-        # An empty conversation: validated with one placeholder turn, rendered without any.
-        placeholder = {**payload, "messages": [{"role": "user", "content": ""}]}
-        return ChatCompletionRequest.model_validate(placeholder).model_copy(update={"messages": []})
+        options = ChatOptions.model_validate(fields)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+    return ChatRequest(
+        turns=turns,
+        options=options,
+        max_tokens=options.token_limit(),
+        tools=function_tools(body.tools) or None,
+        tool_choice=choice,
+        parallel_tool_calls=False if not parallel else None,
+        response_format=response_format(body),
+        template_kwargs=options.template_kwargs(),
+        thinking_budget=budget if budget is not None else options.thinking_budget(),
+        reasoning_format=options.reasoning_format(),
+    )

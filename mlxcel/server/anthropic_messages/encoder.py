@@ -1,6 +1,6 @@
 """Messages answers on the wire: engine events → Anthropic content blocks, JSON or SSE.
 
-The request is translated (`convert`) and admitted by the chat path (`ChatServing.start`);
+The request is translated (`convert`) and admitted by the chat core (`ChatCore.start`);
 its life is `generation.Job`'s. Its output goes through the chat output plan; its typed
 events (reasoning, content, tool-call starts and argument fragments) become `thinking`,
 `text` and `tool_use` blocks. A failure after the stream started is an `error` event,
@@ -39,7 +39,7 @@ from mlxcel.server.generation import Encoder
 from mlxcel.server.sse import dumps, sse_template
 
 if TYPE_CHECKING:
-    from mlxcel.server.openai_chat.serving import ChatJob
+    from mlxcel.server.chat.job import ChatJob
 
 log = logging.getLogger(__name__)
 

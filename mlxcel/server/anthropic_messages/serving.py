@@ -1,6 +1,6 @@
 """Messages requests: translated into a chat request and run through the chat path.
 
-A request is translated (`convert`) and admitted by `ChatServing.start`, so every 400 and
+A request is translated (`convert`) and admitted by `ChatCore.start`, so every 400 and
 503 comes before any byte is sent; `MessagesEncoder` shapes the answer. A prompt longer
 than the context reads as Anthropic's ("prompt is too long: N tokens > M maximum"), the
 message the SDKs, langchain-anthropic and litellm recognize as a context overflow.
@@ -16,8 +16,8 @@ from starlette.responses import Response
 from mlxcel.server.anthropic_messages.convert import to_chat_request
 from mlxcel.server.anthropic_messages.encoder import MessagesEncoder
 from mlxcel.server.anthropic_messages.protocol import CountTokensRequest, MessagesRequest
+from mlxcel.server.chat.core import ChatCore
 from mlxcel.server.errors import APIError, bad_request, server_busy
-from mlxcel.server.openai_chat.serving import ChatServing
 from mlxcel.server.openai_common import new_id, reported_model
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class MessagesServing:
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
-        self.chat = ChatServing(state)
+        self.core = ChatCore(state)
 
     @property
     def takes_images(self) -> bool:
@@ -49,10 +49,8 @@ class MessagesServing:
     async def create(self, body: MessagesRequest, raw: Request) -> Response:
         """Answer one request: a message object, or its SSE events once admitted."""
         chat = to_chat_request(body, images=self.takes_images)
-        if body.stream:  # the prompt progress tells `message_start` the cached tokens
-            chat.return_progress = True
         try:
-            job = await self.chat.start(chat, raw, stream_reports=body.stream)
+            job = await self.core.start(chat, raw, stream_reports=body.stream)
         except APIError as exc:
             overflow = prompt_too_long(exc)
             if overflow is None:
@@ -67,5 +65,5 @@ class MessagesServing:
         """POST /v1/messages/count_tokens: the tokens of the prompt `body` renders to."""
         if self.state.tokenizer is None:
             raise server_busy("loading model")
-        tokens = await self.chat.prompt_tokens(to_chat_request(body, images=self.takes_images))
-        return {"input_tokens": len(tokens)}
+        prompt = await self.core.render(to_chat_request(body, images=self.takes_images))
+        return {"input_tokens": len(prompt.tokens)}

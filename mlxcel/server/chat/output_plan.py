@@ -16,7 +16,6 @@ from mlxcel.engine.chat.tool_calls.base import (
     ToolCallFormat,
 )
 from mlxcel.engine.chat.tool_calls.output import ChatOutputStream, parse_chat_output
-from mlxcel.server.openai_chat.encoder import message_fields
 
 if TYPE_CHECKING:
     from mlxcel.server.state import ServerState
@@ -41,9 +40,6 @@ def _template(state: ServerState) -> str | None:
 def format_name(state: ServerState) -> str | None:
     """The loaded chat template's tool-call format (None: the template has no tools)."""
     return _template_format(_template(state))
-
-
-REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")
 
 
 def model_reasoning(
@@ -95,22 +91,18 @@ class OutputPlan:
             start_in_reasoning=self.start_in_reasoning,
         )
 
-    def message(self, result: ParseResult) -> dict[str, Any]:
-        """The non-streamed chat `message` object of `result`."""
-        message = message_fields(result, tool_format=self.tool_format)
-        if self.reasoning_in_content and result.reasoning and self.reasoning is not None:
-            block = f"{self.reasoning.open_tag}{result.reasoning}{self.reasoning.close_tag}"
-            message["content"] = block + (message.get("content") or "")
-            message.pop("reasoning_only", None)
-        return message
-
     def shown(self, result: ParseResult) -> ParseResult:
         """`result` as a client sees it: with deepseek-legacy, the reasoning stays in the
         content between its tags (and there is no separate reasoning)."""
+        block = self.legacy_block(result)
+        return result if block is None else ParseResult(block + result.content, result.calls, None)
+
+    def legacy_block(self, result: ParseResult) -> str | None:
+        """deepseek-legacy: the reasoning of `result` between its tags, to lead the content
+        (None otherwise)."""
         if not (self.reasoning_in_content and result.reasoning and self.reasoning is not None):
-            return result
-        block = f"{self.reasoning.open_tag}{result.reasoning}{self.reasoning.close_tag}"
-        return ParseResult(block + result.content, result.calls, None)
+            return None
+        return f"{self.reasoning.open_tag}{result.reasoning}{self.reasoning.close_tag}"
 
 
 class LegacyReasoningStream(ChatOutputStream):

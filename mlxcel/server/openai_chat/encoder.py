@@ -38,8 +38,9 @@ from mlxcel.server.sse import SSE_DONE, sse_data, sse_template
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.server.chat.job import ChatJob
+    from mlxcel.server.chat.output_plan import OutputPlan
     from mlxcel.server.llama_native.encoder import VerboseReport
-    from mlxcel.server.openai_chat.serving import ChatJob
 
 
 def delta_objects(events: Iterable[OutputEvent]) -> list[dict[str, Any]]:
@@ -112,6 +113,17 @@ def message_fields(
         message["tool_calls"] = message_tool_calls(result, tool_format)
     if reasoning_only(result):
         message["reasoning_only"] = True
+    return message
+
+
+def chat_message(plan: OutputPlan, result: ParseResult) -> dict[str, Any]:
+    """The non-streamed `message` of `result` under `plan` (deepseek-legacy: the reasoning
+    also leads the content, between its tags)."""
+    message = message_fields(result, tool_format=plan.tool_format)
+    block = plan.legacy_block(result)
+    if block is not None:
+        message["content"] = block + (message.get("content") or "")
+        message.pop("reasoning_only", None)
     return message
 
 
@@ -226,7 +238,7 @@ class ChatEncoder(Encoder):
         logprobs: list[TokenLogprob] = [lp for e in events for lp in e.logprobs]
         return {
             "index": index,
-            "message": self.chat.plan.message(result),
+            "message": chat_message(self.chat.plan, result),
             "finish_reason": finish_reason(result, events[-1].finish_reason or "stop"),
             "logprobs": {"content": chat_logprobs(self.tokenizer, logprobs)}
             if self.want_logprobs

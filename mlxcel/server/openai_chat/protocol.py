@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
+from mlxcel.server.chat.request import ChatOptions, ChatRequest, ChatTurn
+from mlxcel.server.openai_common import StreamOptions
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -22,45 +23,43 @@ class ChatMessage(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
+    def turn(self, index: int) -> ChatTurn:
+        """The message as the chat core's turn `messages[index]`."""
+        message: dict[str, Any] = dict(self.model_extra or {})
+        message["role"] = self.role
+        message["content"] = self.content
+        for key in ("name", "tool_call_id", "tool_calls"):
+            value = getattr(self, key)
+            if value is not None:
+                message[key] = value
+        return ChatTurn(message, f"messages[{index}]")
 
-class StreamOptions(BaseModel):
-    """`stream_options`: only `include_usage` has a meaning here."""
 
-    model_config = ConfigDict(extra="allow")
-
-    include_usage: bool = False
-
-
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(ChatOptions):
     """POST /v1/chat/completions."""
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_completion_tokens: int | None = Field(None, ge=-1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    # llama-server / vLLM rendering switches: no generation prompt, or continue the final
-    # assistant message (a trailing assistant message is continued by default).
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool = False
-    # False: a trailing assistant message is history and the model starts a new turn
-    # (the Responses and Messages routes); llama-server's default continues it.
-    prefill_assistant: bool = True
 
-    def token_limit(self) -> int | None:
-        """`max_completion_tokens`, else `max_tokens` (None: the server default)."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
-
-    def logprobs_count(self) -> int | None:
-        """Alternatives per token for the engine (None: logprobs off)."""
-        if not self.logprobs:
-            return None
-        return self.top_logprobs or 0
+    def chat_request(self) -> ChatRequest:
+        """The body as the chat core runs it: a trailing assistant message is continued
+        (llama-server's prefill)."""
+        parallel = (self.model_extra or {}).get("parallel_tool_calls")
+        return ChatRequest(
+            turns=[message.turn(i) for i, message in enumerate(self.messages)],
+            options=self,
+            max_tokens=self.token_limit(),
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
+            response_format=self.response_format,
+            template_kwargs=self.template_kwargs(),
+            thinking_budget=self.thinking_budget(),
+            reasoning_format=self.reasoning_format(),
+            continue_assistant=True,
+        )

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from mlxcel.server.openai_chat.protocol import StreamOptions
+from mlxcel.server.openai_common import StreamOptions
 from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
 
 Prompt = str | list[str] | list[int] | list[list[int]]

@@ -64,6 +64,7 @@ class CompletionServing:
             state, body.with_json_schema(body.response_format), body.gbnf_grammar()
         )
         priority = parse_priority(raw.headers.get(PRIORITY_HEADER))
+        choices = body.check_n(MAX_CHOICES)
         tokenizer = state.tokenizer
         tokens = await run_in_threadpool(prompt_tokens, tokenizer, body.prompt)
         request = to_generation_request(
@@ -75,11 +76,9 @@ class CompletionServing:
             max_tokens=body.max_tokens,
             priority=priority,
             logprobs=body.logprobs,
-            max_choices=MAX_CHOICES,
         )
         request.grammar = grammar
         body.stream_reports(request, stream=body.stream)
-        choices = body.check_n(MAX_CHOICES)
         verbose = body.wants_verbose(state.settings.verbose)
         job = Job.admit(state, per_choice(request, choices))  # 400/503 before any SSE header
         meta = {

@@ -20,7 +20,7 @@ from mlxcel.server.openai_responses.output import OutputAssembler
 from mlxcel.server.openai_responses.store import InFlight, StoredResponse
 
 if TYPE_CHECKING:
-    from mlxcel.server.openai_chat.serving import ChatJob
+    from mlxcel.server.chat.job import ChatJob
     from mlxcel.server.openai_responses.compaction import CompactionResult
     from mlxcel.server.openai_responses.serving import Prepared, ResponsesServing
 

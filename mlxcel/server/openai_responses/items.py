@@ -20,8 +20,10 @@ listed with text parts (`listed`), the shapes OpenAI's item lists have.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from mlxcel.server.chat.request import ChatTurn
 from mlxcel.server.errors import APIError
 from mlxcel.server.openai_common import new_id
 
@@ -186,28 +188,26 @@ def _compaction_messages(item: dict[str, Any]) -> list[dict[str, Any]]:
     return list(compaction_item_messages(item))
 
 
-def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat messages replaying normalized `items` (see the module docstring)."""
-    messages: list[dict[str, Any]] = []
+def items_to_turns(
+    items: list[dict[str, Any]], where: Callable[[dict[str, Any]], str]
+) -> list[ChatTurn]:
+    """Chat turns replaying normalized `items` (see the module docstring); each names where
+    the client sent the item that opened it (`where(item)`: `input[2]`...)."""
+    turns: list[ChatTurn] = []
     reasoning: list[str] = []
     names: dict[str, str] = {}
 
-    def assistant(message: dict[str, Any]) -> dict[str, Any]:
-        if reasoning:
+    def add(message: dict[str, Any], item: dict[str, Any]) -> None:
+        if message["role"] == "assistant" and reasoning:
             message["reasoning_content"] = "\n".join(reasoning)
             reasoning.clear()
-        messages.append(message)
-        return message
+        turns.append(ChatTurn(message, where(item)))
 
     for item in items:
         kind = item["type"]
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            message = {"role": role, "content": _chat_content(item["content"])}
-            if role == "assistant":
-                assistant(message)
-            else:
-                messages.append(message)
+            add({"role": role, "content": _chat_content(item["content"])}, item)
         elif kind == "function_call":
             names[item["call_id"]] = item["name"]
             call = {
@@ -215,30 +215,34 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "type": "function",
                 "function": {"name": item["name"], "arguments": item["arguments"]},
             }
-            last = messages[-1] if messages else None
+            last = turns[-1].message if turns else None
             if last is not None and last["role"] == "assistant" and not reasoning:
                 last.setdefault("tool_calls", []).append(call)
             else:
-                assistant({"role": "assistant", "content": "", "tool_calls": [call]})
+                add({"role": "assistant", "content": "", "tool_calls": [call]}, item)
         elif kind == "function_call_output":
-            output = item["output"]
             message = {
                 "role": "tool",
                 "tool_call_id": item["call_id"],
-                "content": _chat_content(output),
+                "content": _chat_content(item["output"]),
             }
             if item["call_id"] in names:
                 message["name"] = names[item["call_id"]]
-            messages.append(message)
+            add(message, item)
         elif kind == "reasoning":
             text = _reasoning_text(item)
             if text:
                 reasoning.append(text)
         elif kind == "compaction":
-            messages.extend(_compaction_messages(item))
+            turns.extend(ChatTurn(m, where(item)) for m in _compaction_messages(item))
         else:  # input_items() lets nothing else through
             raise invalid_request(f"items of type {kind!r} cannot be replayed", "input")
-    return messages
+    return turns
+
+
+def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages replaying normalized `items` (see the module docstring)."""
+    return [turn.message for turn in items_to_turns(items, lambda _: "input")]
 
 
 def output_text(items: list[dict[str, Any]]) -> str:

@@ -1,10 +1,11 @@
 """OpenAI Responses: a Responses body becomes a chat request; its output becomes items.
 
 A request (plus the stored history of `previous_response_id` or `conversation`) is
-translated into a `ChatCompletionRequest` and admitted through `ChatServing.start`, so
-tools, `tool_choice`, structured output, reasoning and every 400/503 behave exactly as on
-/v1/chat/completions. The chat output deltas go through `OutputAssembler` into output
-items: a JSON response, or typed SSE events.
+translated into the chat core's `ChatRequest` and admitted by `ChatCore.start`, so tools,
+`tool_choice`, structured output, reasoning and every 400/503 behave exactly as on
+/v1/chat/completions; errors name the Responses fields (`input[0].content`, `top_k`...).
+The chat output deltas go through `OutputAssembler` into output items: a JSON response,
+or typed SSE events.
 
 Reusable pieces (the compaction route and `context_management` build on them):
 `ResponsesServing.chat_request`, `.count_tokens` and `.generate_text`.
@@ -15,16 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from mlxcel.server.chat.core import ChatCore
+from mlxcel.server.chat.prompt import RenderedPrompt
+from mlxcel.server.chat.request import ChatOptions, ChatRequest, ChatTurn
 from mlxcel.server.errors import APIError, server_busy
-from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
-from mlxcel.server.openai_chat.serving import ChatServing
 from mlxcel.server.openai_common import (
     reported_model,
 )
@@ -44,6 +46,7 @@ from mlxcel.server.openai_responses.items import (
     input_items,
     invalid_request,
     items_to_messages,
+    items_to_turns,
     listed,
     with_ids,
 )
@@ -226,15 +229,41 @@ def summary_extra(fields: dict[str, Any]) -> dict[str, Any]:
     return {**extra, "thinking_budget_tokens": 0}
 
 
-@dataclass
+def chat_options(fields: dict[str, Any], what: str = "") -> ChatOptions:
+    """The chat options (sampling knobs, template switches...) among a body's `fields`;
+    a bad value is a 400 naming the field as the client sent it."""
+    try:
+        return ChatOptions.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        message = f"{where}: {first.get('msg', 'invalid value')}"
+        raise invalid_request(what + message, where or None) from None
+
+
+def chat_turns(
+    body: ResponsesRequest, items: list[dict[str, Any]], inputs: dict[int, str]
+) -> list[ChatTurn]:
+    """The chat turns of `items` (normalized, history included) after `body`'s
+    instructions; `inputs` names this request's own items by identity (`input[i]`)."""
+    turns = items_to_turns(expand_compactions(items), lambda item: inputs.get(id(item), "input"))
+    if body.instructions:
+        turns.insert(0, ChatTurn({"role": "system", "content": body.instructions}, "instructions"))
+    if not turns:
+        raise invalid_request("input: at least one input item is needed", "input")
+    return turns
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A checked request: the chat request it runs as and the items it adds."""
 
     body: ResponsesRequest
-    chat: ChatCompletionRequest
+    chat: ChatRequest
     history: list[dict[str, Any]]  # items of the previous response or the conversation
     items: list[dict[str, Any]]  # this request's input, normalized
     conversation: str | None
+    inputs: dict[int, str] = field(default_factory=dict)  # id(item) -> `input[i]`
 
 
 @dataclass
@@ -254,45 +283,45 @@ class ResponsesServing:
     def __init__(self, state: ServerState, stores: ResponseStores) -> None:
         self.state = state
         self.stores = stores
-        self.chat = ChatServing(state)
+        self.core = ChatCore(state)
 
     # ------------------------------------------------------------ translation
 
     def chat_request(
-        self, body: ResponsesRequest, items: list[dict[str, Any]]
-    ) -> ChatCompletionRequest:
+        self,
+        body: ResponsesRequest,
+        items: list[dict[str, Any]],
+        inputs: dict[int, str] | None = None,
+    ) -> ChatRequest:
         """The chat request rendering `items` (normalized, history included) with `body`'s
-        instructions, tools, tool_choice, text format and sampling fields; 400 on errors."""
-        messages = items_to_messages(expand_compactions(items))
-        if body.instructions:
-            messages.insert(0, {"role": "system", "content": body.instructions})
-        if not messages:
-            raise invalid_request("input: at least one input item is needed", "input")
+        instructions, tools, tool_choice, text format and sampling fields; 400 on errors,
+        naming the Responses fields (`inputs`: this request's items, see `chat_turns`)."""
+        turns = chat_turns(body, items, inputs or {})
         tools = chat_tools(body.tools)
         tool_choice, tools = chat_tool_choice(body.tool_choice, tools)
-        payload: dict[str, Any] = {
-            **body.passthrough(),
-            "model": body.model,
-            "messages": messages,
-            "stream": False,
-            "prefill_assistant": False,  # a trailing assistant item is history: a new turn
-        }
-        optional = {
-            "max_completion_tokens": body.max_output_tokens,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "tools": tools,
-            "tool_choice": tool_choice,
-            "parallel_tool_calls": body.parallel_tool_calls,
-            "response_format": chat_response_format(body.text),
-        }
-        payload.update((k, v) for k, v in optional.items() if v is not None)
-        try:
-            return ChatCompletionRequest.model_validate(payload)
-        except ValidationError as exc:
-            first = exc.errors(include_url=False, include_input=False)[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise invalid_request(f"{where}: {first.get('msg', 'invalid value')}") from None
+        fields = body.passthrough()
+        fields.update(
+            (k, v)
+            for k, v in (("temperature", body.temperature), ("top_p", body.top_p))
+            if v is not None
+        )
+        options = chat_options(fields)
+        response_format = chat_response_format(body.text)
+        if response_format is None and isinstance(fields.get("response_format"), dict):
+            response_format = fields["response_format"]
+        limit = body.max_output_tokens
+        return ChatRequest(
+            turns=turns,
+            options=options,
+            max_tokens=limit if limit is not None else options.token_limit(),
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=body.parallel_tool_calls,
+            response_format=response_format,
+            template_kwargs=options.template_kwargs(),
+            thinking_budget=options.thinking_budget(),
+            reasoning_format=options.reasoning_format(),
+        )
 
     def _history(self, body: ResponsesRequest, conversation: str | None) -> list[dict[str, Any]]:
         previous = body.previous_response_id
@@ -332,15 +361,16 @@ class ResponsesServing:
         conversation = conversation_id(body.conversation)
         history = self._history(body, conversation)
         items = with_ids(input_items(body.input))
-        chat = self.chat_request(body, history + items)
-        return Prepared(body, chat, history, items, conversation)
+        inputs = {id(item): f"input[{i}]" for i, item in enumerate(items)}
+        chat = self.chat_request(body, history + items, inputs)
+        return Prepared(body, chat, history, items, conversation, inputs)
 
     # ------------------------------------------------------------ reusable steps
 
     async def count_tokens(self, body: ResponsesRequest, items: list[dict[str, Any]]) -> int:
         """Prompt tokens of `items` (normalized) rendered with `body`'s settings, exactly
         as a create request would render them."""
-        return len(await self.chat.prompt_tokens(self.chat_request(body, items)))
+        return len((await self.core.render(self.chat_request(body, items))).tokens)
 
     async def generate_text(
         self,
@@ -356,17 +386,16 @@ class ResponsesServing:
         the answer's content, reasoning split off. None when the client went away; 400/503
         before the job runs, 500/503 when it fails.
         """
-        payload = {
-            **(extra or {}),
-            "messages": messages,
-            "max_completion_tokens": max_tokens,
-            "prefill_assistant": False,
-        }
-        try:
-            body = ChatCompletionRequest.model_validate(payload)
-        except ValidationError as exc:
-            raise invalid_request(f"invalid generation request: {exc.errors()[0]['msg']}") from None
-        job = await self.chat.start(body, raw)
+        options = chat_options(extra or {}, "invalid generation request: ")
+        request = ChatRequest(
+            turns=[ChatTurn(message, "input") for message in messages],
+            options=options,
+            max_tokens=max_tokens,
+            template_kwargs=options.template_kwargs(),
+            thinking_budget=options.thinking_budget(),
+            reasoning_format=options.reasoning_format(),
+        )
+        job = await self.core.start(request, raw)
         results = await job.job.collect(raw)  # counted there; 500/503 when it failed
         if results is None:
             return None
@@ -387,10 +416,10 @@ class ResponsesServing:
         """POST /v1/responses: JSON, or typed SSE events once admission succeeded."""
         threshold = parse_context_management(body.context_management)
         prepared = self.prepare(body)
-        compaction = None
+        compaction, chat, prompt = None, prepared.chat, None
         if threshold is not None:
-            compaction = await self._manage_context(prepared, threshold, raw)
-        job = await self.chat.start(prepared.chat, raw, stream_reports=body.stream)
+            compaction, chat, prompt = await self._manage_context(prepared, threshold, raw)
+        job = await self.core.start(chat, raw, stream_reports=body.stream, prompt=prompt)
         encoder = ResponseEncoder(self, prepared, job, compaction)
         return await job.job.respond(raw, encoder, stream=body.stream)
 
@@ -442,25 +471,35 @@ class ResponsesServing:
 
     async def _manage_context(
         self, prepared: Prepared, threshold: int, raw: Request
-    ) -> CompactionResult | None:
+    ) -> tuple[CompactionResult | None, ChatRequest, RenderedPrompt]:
         """`context_management`: compact the history first when the input reaches
         `threshold` or leaves no room to answer; bound the answer by the context left.
 
-        Rebuilds `prepared.chat` from the compacted history; returns the compaction (None
-        when none was needed).
+        Returns the compaction (None when none was needed), the chat request of the
+        (compacted) history and its prompt, rendered once: counting the input renders it,
+        and that rendering is the one admitted.
         """
         body = prepared.body
         window = self.context_window()
+        items = prepared.history + prepared.items
+        last = [(items, prepared.chat, await self.core.render(prepared.chat))]
+
+        async def render(items: list[dict[str, Any]]) -> tuple[ChatRequest, RenderedPrompt]:
+            if last[0][0] is items:
+                return last[0][1], last[0][2]
+            chat = self.chat_request(body, items, prepared.inputs)
+            prompt = await self.core.render(chat)
+            last[:] = [(items, chat, prompt)]
+            return chat, prompt
 
         async def count(items: list[dict[str, Any]]) -> int:
-            return await self.count_tokens(body, items)
+            return len((await render(items))[1].tokens)
 
         async def summarize(messages: list[dict[str, Any]], limit: int) -> Any:
             extra = {**body.passthrough(), "thinking_budget_tokens": 0}
             extra.pop("stream", None)
             return await self.generate_text(messages, limit, raw, extra=extra)
 
-        items = prepared.history + prepared.items
         try:
             result = await auto_compact(
                 items,
@@ -469,29 +508,27 @@ class ResponsesServing:
                 summarize=summarize,
                 to_messages=items_to_messages,
                 context_window=window,
+                input_tokens=len(last[0][2].tokens),
             )
         except CompactionAborted:
             raise APIError(499, "the client went away", "invalid_request_error") from None
-        used = await count(result.history if result is not None else items)
-        budget = output_budget(window, used, body.max_output_tokens)
+        chat, prompt = await render(result.history if result is not None else items)
+        budget = output_budget(window, len(prompt.tokens), body.max_output_tokens)
         if budget <= 0:
             raise invalid_request(
                 "the input leaves no room for output in the context window",
                 "input",
                 code="context_length_exceeded",
             )
-        history = result.history if result is not None else items
-        prepared.chat = self.chat_request(body, history)
-        prepared.chat.max_completion_tokens = budget
-        return result
+        return result, replace(chat, max_tokens=budget), prompt
 
     async def input_tokens(self, body: ResponsesRequest) -> dict[str, Any]:
         """POST /v1/responses/input_tokens: the prompt tokens `body` would use."""
         if self.state.tokenizer is None:
             raise server_busy("loading model")
         prepared = self.prepare(body)
-        tokens = await self.chat.prompt_tokens(prepared.chat)
-        return {"object": "response.input_tokens", "input_tokens": len(tokens)}
+        prompt = await self.core.render(prepared.chat)
+        return {"object": "response.input_tokens", "input_tokens": len(prompt.tokens)}
 
     def _stored(self, response_id: str) -> StoredResponse:
         if not self.stores.responses.enabled:
