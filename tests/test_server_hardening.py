@@ -526,17 +526,16 @@ def test_cache_prompt_cannot_be_turned_back_on() -> None:
 
 
 def test_template_kwargs_precedence() -> None:
+    from mlxcel.server.chat.prompt import template_kwargs
     from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
-    from mlxcel.server.openai_chat.serving import template_kwargs
 
     state = ServerState(
         settings=Settings(chat_template_kwargs={"a": 1, "preserve_thinking": False}, warmup=False)
     )
 
     def kwargs(extra: dict[str, Any]) -> dict[str, Any]:
-        return template_kwargs(
-            state, ChatCompletionRequest.model_validate({"messages": MESSAGES, **extra})
-        )
+        body = ChatCompletionRequest.model_validate({"messages": MESSAGES, **extra})
+        return template_kwargs(state, body.chat_request(), -1)
 
     assert kwargs({}) == {"a": 1, "preserve_thinking": False}
     assert kwargs({"chat_template_kwargs": {"a": 2}}) == {"a": 2, "preserve_thinking": False}
@@ -549,8 +548,8 @@ def test_template_kwargs_precedence() -> None:
 
 
 def test_tool_choice_rendering(tokenizer: Any) -> None:
+    from mlxcel.server.chat.prompt import add_directive, select_tools
     from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
-    from mlxcel.server.openai_chat.serving import _add_directive, _select_tools
 
     tools = [
         {"type": "function", "function": {"name": "f", "parameters": {}}},
@@ -559,7 +558,7 @@ def test_tool_choice_rendering(tokenizer: Any) -> None:
 
     def select(choice: Any) -> tuple[Any, Any]:
         body = {"messages": MESSAGES, "tools": tools, "tool_choice": choice}
-        return _select_tools(ChatCompletionRequest.model_validate(body))
+        return select_tools(ChatCompletionRequest.model_validate(body).chat_request())
 
     assert select(None) == (tools, None)
     assert select("auto") == (tools, None)
@@ -568,10 +567,10 @@ def test_tool_choice_rendering(tokenizer: Any) -> None:
     assert chosen == [tools[1]] and directive is not None and "`g`" in directive
     assert select("required")[0] == tools
     messages = [{"role": "user", "content": "hi"}]
-    _add_directive(messages, "CALL")
+    add_directive(messages, "CALL")
     assert messages == [{"role": "user", "content": "hi\n\nCALL"}]
     with_system = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
-    _add_directive(with_system, "CALL")
+    add_directive(with_system, "CALL")
     assert with_system[0]["content"] == "S\n\nCALL" and with_system[1]["content"] == "hi"
 
 
