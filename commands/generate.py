@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
 
@@ -18,7 +20,43 @@ from .common import (
     settings_actions,
 )
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 
+
+def _with_sampling_options(func: _F) -> _F:
+    """`func` with one option per sampling knob of `SAMPLING_KNOBS` that has a setting, in
+    place of its `**knobs` (after its `--system`): the setting's llama-server spellings
+    (`--top-n-sigma` before `--top-nsigma`), help and default, each value under the
+    setting's name."""
+    from mlxcel.config import field_meta, flag_for_field
+    from mlxcel.engine.sampling.params import SAMPLING_KNOBS
+
+    options = []
+    for knob in SAMPLING_KNOBS:
+        flag = flag_for_field(knob.setting) if knob.setting else None
+        if flag is None:
+            continue
+        meta = field_meta(knob.setting)
+        own = f"--{knob.setting.replace('_', '-')}"
+        spellings = sorted(flag.spellings, key=lambda spelling: spelling != own)
+        option = typer.Option(None, *spellings, help=meta.help, show_default=str(meta.default))
+        options.append(
+            inspect.Parameter(
+                knob.setting,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=option,
+                annotation=knob.kind | None,
+            )
+        )
+    signature = inspect.signature(func, eval_str=True)
+    params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    at = [p.name for p in params].index("system") + 1
+    params[at:at] = options
+    func.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return func
+
+
+@_with_sampling_options
 def generate(
     prompt_arg: str | None = typer.Argument(
         None, metavar="[PROMPT]", help="Prompt; - reads stdin."
@@ -43,121 +81,7 @@ def generate(
         show_default=SETTING_DEFAULTS["n_predict"],
     ),
     system: str | None = typer.Option(None, "--system", help="System message."),
-    temp: float | None = typer.Option(
-        None,
-        "--temp",
-        "--temperature",
-        help="Temperature (0 = greedy).",
-        show_default=SETTING_DEFAULTS["temp"],
-    ),
-    top_k: int | None = typer.Option(
-        None, "--top-k", help="Top-k (0 = off).", show_default=SETTING_DEFAULTS["top_k"]
-    ),
-    top_p: float | None = typer.Option(
-        None, "--top-p", help="Top-p (1.0 = off).", show_default=SETTING_DEFAULTS["top_p"]
-    ),
-    min_p: float | None = typer.Option(
-        None, "--min-p", help="Min-p (0.0 = off).", show_default=SETTING_DEFAULTS["min_p"]
-    ),
     p_less: bool = typer.Option(False, "--p-less", help="p-less truncation."),
-    repeat_penalty: float | None = typer.Option(
-        None,
-        "--repeat-penalty",
-        help="Repetition penalty (1.0 = off).",
-        show_default=SETTING_DEFAULTS["repeat_penalty"],
-    ),
-    repeat_last_n: int | None = typer.Option(
-        None,
-        "--repeat-last-n",
-        help="Penalty window.",
-        show_default=SETTING_DEFAULTS["repeat_last_n"],
-    ),
-    presence_penalty: float | None = typer.Option(
-        None, "--presence-penalty", show_default=SETTING_DEFAULTS["presence_penalty"]
-    ),
-    frequency_penalty: float | None = typer.Option(
-        None, "--frequency-penalty", show_default=SETTING_DEFAULTS["frequency_penalty"]
-    ),
-    dry_multiplier: float | None = typer.Option(
-        None,
-        "--dry-multiplier",
-        help="DRY multiplier (0 = off).",
-        show_default=SETTING_DEFAULTS["dry_multiplier"],
-    ),
-    dry_base: float | None = typer.Option(
-        None, "--dry-base", show_default=SETTING_DEFAULTS["dry_base"]
-    ),
-    dry_allowed_length: int | None = typer.Option(
-        None, "--dry-allowed-length", show_default=SETTING_DEFAULTS["dry_allowed_length"]
-    ),
-    dry_penalty_last_n: int | None = typer.Option(
-        None, "--dry-penalty-last-n", show_default=SETTING_DEFAULTS["dry_penalty_last_n"]
-    ),
-    xtc_probability: float | None = typer.Option(
-        None, "--xtc-probability", show_default=SETTING_DEFAULTS["xtc_probability"]
-    ),
-    xtc_threshold: float | None = typer.Option(
-        None, "--xtc-threshold", show_default=SETTING_DEFAULTS["xtc_threshold"]
-    ),
-    top_n_sigma: float | None = typer.Option(
-        None,
-        "--top-n-sigma",
-        "--top-nsigma",
-        help="Keep logits within n standard deviations of the top one (<= 0 = off).",
-        show_default=SETTING_DEFAULTS["top_n_sigma"],
-    ),
-    typical_p: float | None = typer.Option(
-        None,
-        "--typical-p",
-        "--typical",
-        help="Locally typical sampling, p (1.0 = off).",
-        show_default=SETTING_DEFAULTS["typical_p"],
-    ),
-    dynatemp_range: float | None = typer.Option(
-        None,
-        "--dynatemp-range",
-        help="Dynamic temperature: temp +/- range by the entropy (0.0 = off).",
-        show_default=SETTING_DEFAULTS["dynatemp_range"],
-    ),
-    dynatemp_exponent: float | None = typer.Option(
-        None,
-        "--dynatemp-exp",
-        help="Dynamic temperature exponent.",
-        show_default=SETTING_DEFAULTS["dynatemp_exponent"],
-    ),
-    mirostat: int | None = typer.Option(
-        None,
-        "--mirostat",
-        help="Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces top-k to XTC).",
-        show_default=SETTING_DEFAULTS["mirostat"],
-    ),
-    mirostat_tau: float | None = typer.Option(
-        None,
-        "--mirostat-ent",
-        help="Mirostat target entropy (tau).",
-        show_default=SETTING_DEFAULTS["mirostat_tau"],
-    ),
-    mirostat_eta: float | None = typer.Option(
-        None,
-        "--mirostat-lr",
-        help="Mirostat learning rate (eta).",
-        show_default=SETTING_DEFAULTS["mirostat_eta"],
-    ),
-    adaptive_target: float | None = typer.Option(
-        None,
-        "--adaptive-target",
-        help="Adaptive-p: the probability drawn tokens should average (negative = off).",
-        show_default=SETTING_DEFAULTS["adaptive_target"],
-    ),
-    adaptive_decay: float | None = typer.Option(
-        None,
-        "--adaptive-decay",
-        help="Adaptive-p: decay of its running average.",
-        show_default=SETTING_DEFAULTS["adaptive_decay"],
-    ),
-    seed: int | None = typer.Option(
-        None, "--seed", "-s", help="Seed (-1 = random).", show_default=SETTING_DEFAULTS["seed"]
-    ),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     max_pattern_size: int | None = typer.Option(
         None, "--max-pattern-size", help="Loop detection: longest pattern."
@@ -210,35 +134,13 @@ def generate(
         [], "--audio", help="WAV file for a model that takes audio (repeatable)."
     ),
     profile: str | None = PROFILE_OPTION,
+    **knobs: Any,  # one option per sampling knob, by its setting (`_with_sampling_options`)
 ) -> None:
     """Generate text from a prompt on a local model (the embedded default if none is given)."""
     cli: dict[str, Any] = {
         "model": model,
         "n_predict": n_predict,
-        "temp": temp,
-        "top_k": top_k,
-        "top_p": top_p,
-        "min_p": min_p,
-        "repeat_penalty": repeat_penalty,
-        "repeat_last_n": repeat_last_n,
-        "presence_penalty": presence_penalty,
-        "frequency_penalty": frequency_penalty,
-        "dry_multiplier": dry_multiplier,
-        "dry_base": dry_base,
-        "dry_allowed_length": dry_allowed_length,
-        "dry_penalty_last_n": dry_penalty_last_n,
-        "xtc_probability": xtc_probability,
-        "xtc_threshold": xtc_threshold,
-        "top_n_sigma": top_n_sigma,
-        "typical_p": typical_p,
-        "dynatemp_range": dynatemp_range,
-        "dynatemp_exponent": dynatemp_exponent,
-        "mirostat": mirostat,
-        "mirostat_tau": mirostat_tau,
-        "mirostat_eta": mirostat_eta,
-        "adaptive_target": adaptive_target,
-        "adaptive_decay": adaptive_decay,
-        "seed": seed,
+        **knobs,
         "chat_template_file": chat_template_file,
         "no_chat_template": no_chat_template or None,
         "ignore_eos": ignore_eos or None,

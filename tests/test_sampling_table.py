@@ -69,3 +69,46 @@ def test_a_negative_seed_is_unset_everywhere() -> None:
     assert sampling_from_settings(Settings(warmup=False, seed=-1)).seed is None
     flat = default_settings_flat(SamplingParams(seed=None), n_predict=-1)
     assert flat["seed"] == 18446744073709551615  # llama-server's "random"
+
+
+def _generate_cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
+    """The settings `mlxcel generate ARGS` passes on as given on its command line."""
+    import mlxcel.commands.generate as generate
+    import typer
+    from typer.testing import CliRunner
+
+    from mlxcel.cli import app
+
+    seen: dict[str, Any] = {}
+
+    def resolve(profile: str | None, cli: dict[str, Any]) -> Any:
+        seen.update(cli)
+        raise typer.Exit(0)
+
+    monkeypatch.setattr(generate, "resolve", resolve)
+    result = CliRunner().invoke(app, ["generate", *args, "hi"])
+    assert result.exit_code == 0, result.output
+    return seen
+
+
+def test_generate_has_an_option_per_knob_setting_under_each_llama_spelling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`mlxcel generate`'s sampling options come from the knob table: every knob with a
+    setting answers to each spelling of its llama-server flag row and sets that setting."""
+    from mlxcel.config import flag_for_field
+
+    with_setting = [k for k in SAMPLING_KNOBS if k.setting]
+    assert len(with_setting) == len(SAMPLING_KNOBS) - 1  # p_less has no setting
+    rounds = max(len(flag_for_field(k.setting).spellings) for k in with_setting)  # type: ignore[union-attr]
+    for i in range(rounds):
+        args: list[str] = []
+        for knob in with_setting:
+            spellings = flag_for_field(knob.setting).spellings  # type: ignore[union-attr]
+            args += [spellings[i % len(spellings)], str(_value(knob))]
+        cli = _generate_cli(monkeypatch, *args)
+        for knob in with_setting:
+            assert cli[knob.setting] == _value(knob), (knob.setting, i)
+    named = {"--temperature": "temp", "--top-nsigma": "top_n_sigma", "--typical": "typical_p"}
+    for spelling, setting in {**named, "-s": "seed", "--mirostat-ent": "mirostat_tau"}.items():
+        assert _generate_cli(monkeypatch, spelling, "1")[setting] == 1
