@@ -189,7 +189,7 @@ def test_worker_queue_full_and_timeout(z_image: Any) -> None:
     try:
         future: Future[Any]
         future = slow.submit(ImageJob(prompt="x", width=16, height=16, steps=200, n=10))
-        with pytest.raises(WorkerTimeoutError):
+        with pytest.raises(WorkerTimeoutError, match="timed out"):
             future.result(120)
     finally:
         slow.stop()

@@ -36,13 +36,14 @@ class _Task:
         model: ImageModel,
         job: ImageJob,
         on_step: StepCallback | None,
-        deadline: float | None,
+        timeout: float | None,
         future: StoppableFuture[list[GeneratedPicture]],
     ) -> None:
         self.model = model
         self.job = job
         self.on_step = on_step
-        self.deadline = deadline
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout if timeout else None
         self.future = future
 
     def __len__(self) -> int:
@@ -70,7 +71,7 @@ class _Task:
         result = outputs[0]
         if isinstance(result, BaseException):
             if self.deadline is not None and time.monotonic() > self.deadline:
-                raise WorkerTimeoutError("the image request timed out") from result
+                raise WorkerTimeoutError.after(self.timeout or 0.0) from result
             raise result
         return result  # type: ignore[no-any-return]
 
@@ -123,9 +124,8 @@ class ImageWorker:
         queue is full, both before any work.
         """
         self.model.check(job)
-        deadline = time.monotonic() + self.timeout if self.timeout else None
         future: StoppableFuture[list[GeneratedPicture]] = StoppableFuture()
-        task = _Task(self.model, job, on_step, deadline, future)
+        task = _Task(self.model, job, on_step, self.timeout, future)
         self.worker.submit(
             Job(
                 prepare=task.prepare,
@@ -133,7 +133,7 @@ class ImageWorker:
                 finish=task.finish,
                 key="image",
                 size=1,
-                deadline=deadline,
+                deadline=task.deadline,
                 future=future,
             )
         )
