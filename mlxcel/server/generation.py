@@ -96,8 +96,9 @@ class Encoder:
         raise NotImplementedError
 
     def abandoned(self, why: str) -> None:
-        """The response ended (`why`: "disconnected" or "failed"); called however it ended,
-        also after a normal end, so it must do nothing once the answer is settled."""
+        """The response ended without its answer (`why`: "disconnected" or "failed"). A
+        collected answer calls it only then; a stream calls it whenever the response
+        closes, also after a normal end, so it must do nothing once the answer is settled."""
 
 
 class Job:
@@ -149,11 +150,12 @@ class Job:
             return event_stream(self.sse(encoder), on_close=on_close)
         try:
             results = await self.collect(raw, encoder)
-            if results is None:
+            if results is None:  # `collect` told the encoder the client went away
                 return Response(status_code=CLIENT_GONE)
             return JSONResponse(encoder.body(results))
-        finally:
+        except BaseException:
             encoder.abandoned("failed")
+            raise
 
     async def collect(
         self, raw: Request, encoder: Encoder | None = None
