@@ -372,15 +372,12 @@ def to_chat_request(body: CountTokensRequest, *, images: bool = True) -> ChatReq
         options = ChatOptions.model_validate(fields)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
-    return ChatRequest(
-        turns=turns,
-        options=options,
-        max_tokens=options.token_limit(),
+    return ChatRequest.build(
+        turns,
+        options,
+        thinking_budget=budget,
         tools=function_tools(body.tools) or None,
         tool_choice=choice,
         parallel_tool_calls=False if not parallel else None,
         response_format=response_format(body),
-        template_kwargs=options.template_kwargs(),
-        thinking_budget=budget if budget is not None else options.thinking_budget(),
-        reasoning_format=options.reasoning_format(),
     )

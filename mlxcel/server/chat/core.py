@@ -33,7 +33,7 @@ from mlxcel.server.structured import compile_response_format, compile_tool_choic
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from mlxcel.engine.text.request import GenerationRequest
+    from mlxcel.engine.text.request import GenerationRequest, Priority
     from mlxcel.server.chat.request import ChatRequest
     from mlxcel.server.state import ServerState
 
@@ -112,7 +112,7 @@ class ChatCore:
         plan: OutputPlan,
         grammar: Any,
         *,
-        priority: Any,
+        priority: Priority,
         stream_reports: bool,
     ) -> GenerationRequest:
         """The engine request of one choice: the request's sampling fields over the

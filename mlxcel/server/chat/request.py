@@ -144,6 +144,39 @@ class ChatRequest:
     reasoning_format: str | None = None
     continue_assistant: bool = False
 
+    @classmethod
+    def build(
+        cls,
+        turns: list[ChatTurn],
+        options: ChatOptions,
+        *,
+        max_tokens: int | None = None,
+        thinking_budget: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: dict[str, Any] | None = None,
+        continue_assistant: bool = False,
+    ) -> ChatRequest:
+        """The request of a family's translated `turns` and `options`: the token limit,
+        thinking budget (unless the family gives them), template kwargs and reasoning
+        format are read from `options` here, once; 400 on bad values."""
+        return cls(
+            turns=turns,
+            options=options,
+            max_tokens=max_tokens if max_tokens is not None else options.token_limit(),
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            response_format=response_format,
+            template_kwargs=options.template_kwargs(),
+            thinking_budget=(
+                thinking_budget if thinking_budget is not None else options.thinking_budget()
+            ),
+            reasoning_format=options.reasoning_format(),
+            continue_assistant=continue_assistant,
+        )
+
     @property
     def forced_tool_choice(self) -> bool:
         """`required` or a named function: choices that need their own grammar."""

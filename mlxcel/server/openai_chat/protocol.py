@@ -50,16 +50,12 @@ class ChatCompletionRequest(ChatOptions):
         """The body as the chat core runs it: a trailing assistant message is continued
         (llama-server's prefill)."""
         parallel = (self.model_extra or {}).get("parallel_tool_calls")
-        return ChatRequest(
-            turns=[message.turn(i) for i, message in enumerate(self.messages)],
-            options=self,
-            max_tokens=self.token_limit(),
+        return ChatRequest.build(
+            [message.turn(i) for i, message in enumerate(self.messages)],
+            self,
             tools=self.tools,
             tool_choice=self.tool_choice,
             parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
             response_format=self.response_format,
-            template_kwargs=self.template_kwargs(),
-            thinking_budget=self.thinking_budget(),
-            reasoning_format=self.reasoning_format(),
             continue_assistant=True,
         )

@@ -229,7 +229,7 @@ def summary_extra(fields: dict[str, Any]) -> dict[str, Any]:
     return {**extra, "thinking_budget_tokens": 0}
 
 
-def chat_options(fields: dict[str, Any], what: str = "") -> ChatOptions:
+def chat_options(fields: dict[str, Any], prefix: str = "") -> ChatOptions:
     """The chat options (sampling knobs, template switches...) among a body's `fields`;
     a bad value is a 400 naming the field as the client sent it."""
     try:
@@ -238,7 +238,7 @@ def chat_options(fields: dict[str, Any], what: str = "") -> ChatOptions:
         first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         message = f"{where}: {first.get('msg', 'invalid value')}"
-        raise invalid_request(what + message, where or None) from None
+        raise invalid_request(prefix + message, where or None) from None
 
 
 def chat_turns(
@@ -309,18 +309,14 @@ class ResponsesServing:
         response_format = chat_response_format(body.text)
         if response_format is None and isinstance(fields.get("response_format"), dict):
             response_format = fields["response_format"]
-        limit = body.max_output_tokens
-        return ChatRequest(
-            turns=turns,
-            options=options,
-            max_tokens=limit if limit is not None else options.token_limit(),
+        return ChatRequest.build(
+            turns,
+            options,
+            max_tokens=body.max_output_tokens,
             tools=tools,
             tool_choice=tool_choice,
             parallel_tool_calls=body.parallel_tool_calls,
             response_format=response_format,
-            template_kwargs=options.template_kwargs(),
-            thinking_budget=options.thinking_budget(),
-            reasoning_format=options.reasoning_format(),
         )
 
     def _history(self, body: ResponsesRequest, conversation: str | None) -> list[dict[str, Any]]:
@@ -387,14 +383,8 @@ class ResponsesServing:
         before the job runs, 500/503 when it fails.
         """
         options = chat_options(extra or {}, "invalid generation request: ")
-        request = ChatRequest(
-            turns=[ChatTurn(message, "input") for message in messages],
-            options=options,
-            max_tokens=max_tokens,
-            template_kwargs=options.template_kwargs(),
-            thinking_budget=options.thinking_budget(),
-            reasoning_format=options.reasoning_format(),
-        )
+        turns = [ChatTurn(message, "input") for message in messages]
+        request = ChatRequest.build(turns, options, max_tokens=max_tokens)
         job = await self.core.start(request, raw)
         results = await job.job.collect(raw)  # counted there; 500/503 when it failed
         if results is None:
