@@ -258,7 +258,7 @@ def test_a_folded_logit_bias_bans_and_boosts() -> None:
 def test_engine_folds_a_lone_logit_bias_into_the_batch_sampler(
     tiny_loaded: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlx_lm.generate import BatchGenerator
+    from mlxcel.engine.text.decode_batch import DecodeBatch
 
     requests = _requests(tiny_loaded)[:5]
     base = _run_together(tiny_loaded, requests)
@@ -267,13 +267,13 @@ def test_engine_folds_a_lone_logit_bias_into_the_batch_sampler(
     biased = [replace(r, sampling=replace(r.sampling, logit_bias=bias)) for r in requests]
     biased[1] = replace(biased[1], logprobs=0)  # reports log-probabilities: not folded
     processors: list[int] = []
-    insert = BatchGenerator.insert
+    insert = DecodeBatch.insert
 
     def spy(self: Any, *args: Any, **kw: Any) -> Any:
         processors.extend(len(p) for p in kw["logits_processors"])
         return insert(self, *args, **kw)
 
-    monkeypatch.setattr(BatchGenerator, "insert", spy)
+    monkeypatch.setattr(DecodeBatch, "insert", spy)
     out = _run_together(tiny_loaded, biased)
     assert processors == [0, 1, 0, 0, 2]  # the fifth also has a repetition penalty
     for tokens in out.values():

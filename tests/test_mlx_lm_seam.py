@@ -22,6 +22,7 @@ from mlxcel.engine.sampling.batched import BatchSampler, RowSampling
 from mlxcel.engine.sampling.params import SamplingParams
 from mlxcel.engine.sampling.samplers import make_sampler
 from mlxcel.engine.text.batch_rows import BatchRows
+from mlxcel.engine.text.decode_batch import DecodeBatch
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,6 +65,29 @@ def test_batch_generator_signatures() -> None:
     assert _params(BatchGenerator.remove)[1:] == ["uids", "return_prompt_caches"]
     assert _params(BatchGenerator.next)[1:] == []
     assert callable(BatchGenerator.stats)
+
+
+def test_the_batch_classes_decode_batch_builds_on() -> None:
+    from mlx_lm.generate import GenerationBatch, PromptProcessingBatch, generation_stream
+    from mlx_lm.sample_utils import greedy_sampler
+    from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+    init = _params(PromptProcessingBatch.__init__)
+    for name in (
+        "model", "uids", "caches", "tokens", "prefill_step_size", "samplers",
+        "fallback_sampler", "logits_processors", "stop_sequences", "max_tokens",
+    ):  # fmt: skip
+        assert name in init, f"PromptProcessingBatch() lost {name!r}"
+    for cls, methods in (
+        (PromptProcessingBatch, ("empty", "extend", "split", "filter", "prompt", "generate")),
+        (GenerationBatch, ("empty", "extend", "filter", "next")),
+    ):
+        for method in (*methods, "extract_cache", "__len__"):
+            assert callable(getattr(cls, method, None)), f"{cls.__name__} lost {method!r}"
+    assert _params(PromptProcessingBatch.generate)[1:] == ["tokens"]
+    with mx.stream(generation_stream):  # a stream (thread-local) to run the batches on
+        assert mx.array([1]).item() == 1
+    assert callable(greedy_sampler) and callable(maybe_set_recommended_wired_limit)
 
 
 def test_response_fields() -> None:
@@ -146,20 +170,28 @@ SETTINGS = (
 )
 
 
-def test_the_row_book_follows_the_generator(model: Any) -> None:
-    """`BatchRows`' model of the batch (order, joins, chunked prompts, one-token prompts,
-    removals, finishes) holds on a real generator, and every row gets the tokens its own
-    closure gives it when each sequence samples alone."""
+def test_decode_batch_steps_as_the_batch_generator_and_names_every_sampled_row(
+    model: Any,
+) -> None:
+    """`DecodeBatch` schedules as mlx-lm's `BatchGenerator` (the same responses, step for
+    step: joins, chunked prompts, one-token prompts, removals, finishes), and the rows it
+    names before each sampler call are the call's: every row of a shared `BatchSampler`
+    gets the tokens its own sampler gives it."""
     from mlx_lm.generate import BatchGenerator
 
     prompts = [list(range(1, 12)), [4], [5, 6], list(range(1, 30)), [3, 3], [9] * 9]
 
-    def run(batched: bool) -> dict[int, list[int]]:
+    def run(kind: str) -> list[Any]:
         sampler = BatchSampler()
         book = BatchRows(sampler)
-        gen = BatchGenerator(
-            model, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=4
-        )
+        sizes = dict(completion_batch_size=4, prefill_batch_size=4, prefill_step_size=4)
+        gen: Any
+        if kind == "mlx-lm":
+            gen = BatchGenerator(model, **sizes)
+        else:
+            before = book.before_sampling if kind == "batched" else None
+            gen = DecodeBatch(model, **sizes, before_sampling=before)
+        steps: list[Any] = []
         out: dict[int, list[int]] = {}
         which: dict[int, int] = {}
         live: set[int] = set()
@@ -168,12 +200,13 @@ def test_the_row_book_follows_the_generator(model: Any) -> None:
 
         def insert(i: int) -> None:
             params = SETTINGS[i % len(SETTINGS)]
+            row = RowSampling(params, 50)
             (uid,) = gen.insert(
                 [prompts[i]],
                 max_tokens=[6 + 2 * i],
-                samplers=[sampler if batched else make_sampler(params)],
+                samplers=[sampler if kind == "batched" else make_sampler(params)],
             )
-            book.insert(uid, len(prompts[i]), RowSampling(params, 50))
+            book.insert(uid, row)
             which[uid], out[i] = i, []
             live.add(uid)
 
@@ -183,11 +216,17 @@ def test_the_row_book_follows_the_generator(model: Any) -> None:
         for _ in range(500):
             if not live and not waiting:
                 break
-            if batched:
-                book.before_step()
             prompt_responses, responses = gen.next()
-            if batched:
-                book.after_step(prompt_responses, responses)  # BatchRowsError: the seam moved
+            book.after_step(responses)
+            steps.append(
+                (
+                    [
+                        (p.uid, tuple(p.progress), p.end_of_segment, p.end_of_prompt)
+                        for p in prompt_responses
+                    ],
+                    [(r.uid, int(r.token), r.finish_reason) for r in responses],
+                )
+            )
             for r in responses:
                 out[which[r.uid]].append(int(r.token))
                 if r.finish_reason is not None:
@@ -204,8 +243,28 @@ def test_the_row_book_follows_the_generator(model: Any) -> None:
                 insert(waiting.pop(0))
         gen.close()
         assert removed and not live and not waiting
-        return out
+        assert not book.rows  # every finished or removed row forgotten
+        assert sum(len(v) for v in out.values()) > 30
+        return steps
 
-    batched = run(batched=True)
-    assert batched == run(batched=False)
-    assert sum(len(v) for v in batched.values()) > 30
+    reference = run("mlx-lm")
+    assert run("per-request") == reference
+    assert run("batched") == reference
+
+
+def test_decode_batch_returns_caches_and_counts_its_work(model: Any) -> None:
+    gen = DecodeBatch(model, completion_batch_size=2, prefill_batch_size=2, prefill_step_size=4)
+    with pytest.raises(ValueError, match="empty prompt"):
+        gen.insert([[]], max_tokens=[3])
+    a, b, c = gen.insert([[1, 2, 3, 4, 5, 6], [7, 8], [9]], max_tokens=[5, 5, 5])
+    assert (a, b, c) == (0, 1, 2)
+    with gen.stats() as stats:
+        for _ in range(3):  # a and b prefill (4 + 1 tokens, then 1) and join; then c joins
+            gen.next()
+    assert stats.prompt_tokens == 6 and stats.generation_steps == 1
+    caches = gen.remove([a, c], return_prompt_caches=True)
+    assert set(caches) == {a, c}
+    assert caches[c][1] == [9] and caches[a][1] == [1, 2, 3, 4, 5, 6]  # what each cache holds
+    while gen.next()[1]:
+        pass
+    gen.close()

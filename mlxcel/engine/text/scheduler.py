@@ -2,9 +2,9 @@
 
 Requests wait in a priority queue (`X-Priority`), are admitted into free slots, prefill
 in chunks while other slots decode, and every decoding slot advances in one batched
-forward per step (mlx-lm's `BatchGenerator`). Output goes back as `GenerationEvent`s
-through a callback that the caller supplies (an asyncio queue bridge in the server, a
-plain queue in the CLI).
+forward per step (`DecodeBatch`, over mlx-lm's batch classes). Output goes back as
+`GenerationEvent`s through a callback that the caller supplies (an asyncio queue bridge in
+the server, a plain queue in the CLI).
 
 Speculative decoding (`speculation=`): while exactly one sequence holds a slot and it is
 greedy with no logits processor, it leaves the generator for a solo lane that drafts tokens
@@ -12,9 +12,10 @@ greedy with no logits processor, it leaves the generator for a solo lane that dr
 (`mlxcel.engine.text.speculative.lane`); with two or more sequences, all decode batched.
 
 Sampling is batched too: every sequence in the generator shares one `BatchSampler`, which
-applies each row's settings as per-row arrays in one graph per step (`BatchRows` tells it
-which row is whose). `batched_sampling=False` (or `MLXCEL_BATCHED_SAMPLING=0`) gives each
-request its own sampler closure instead, which mlx-lm then calls row by row.
+applies each row's settings as per-row arrays in one graph per step (`DecodeBatch` names
+the rows of each call, `BatchRows` turns them into their sampling state).
+`batched_sampling=False` (or `MLXCEL_BATCHED_SAMPLING=0`) gives each request its own
+sampler instead, which mlx-lm then calls row by row.
 
 A shared KV pool (`kv_pool=`, llama-server's `--kv-unified`): every slot may use up to the
 whole context, and the tokens all running sequences hold in their KV caches together stay
@@ -391,7 +392,9 @@ class TextEngine(Sleeps):
         return generator
 
     def _new_generator(self) -> Any:
-        from mlx_lm.generate import BatchGenerator, StopSequences
+        from mlx_lm.generate import StopSequences
+
+        from mlxcel.engine.text.decode_batch import DecodeBatch
 
         eos = sorted(self.tokenizer.eos_token_ids)
         self._eos_stops = StopSequences([[t] for t in eos] if eos else None)
@@ -403,11 +406,12 @@ class TextEngine(Sleeps):
 
             self._batch_sampler = BatchSampler()
             self._rows = BatchRows(self._batch_sampler)
-        return BatchGenerator(
+        return DecodeBatch(
             self.loaded.model,
             completion_batch_size=self.n_slots,
             prefill_batch_size=self.n_slots,
             prefill_step_size=self.prefill_chunk,
+            before_sampling=self._rows.before_sampling if self._rows is not None else None,
         )
 
     def _admit(self, generator: Any, job: _Job) -> None:
@@ -467,31 +471,17 @@ class TextEngine(Sleeps):
         job.uid = uid
         self._by_uid[uid] = job
         if job.row is not None:
-            self._rows.insert(uid, len(prompt) - job.cache_n, job.row)
+            self._rows.insert(uid, job.row)
         if request.progress:
             self._progress(job, 0)
         self.counters.sequences_started += 1
         self.counters.busy_slots_max = max(self.counters.busy_slots_max, len(self._running))
 
     def _step(self, generator: Any) -> None:
-        rows = self._rows
-        if rows is not None:
-            rows.before_step()
         with generator.stats() as stats:
             prompt_responses, responses = generator.next()
-        if rows is not None:
-            from mlxcel.engine.sampling.batched import BatchRowsError
-
-            try:
-                rows.after_step(prompt_responses, responses)
-            except BatchRowsError:
-                log.error(
-                    "mlx-lm's BatchGenerator no longer orders its rows as mlxcel expects "
-                    "(mlx-lm %s); sampling per request from now on",
-                    _mlx_lm_version(),
-                )
-                self.batched_sampling = False
-                raise
+        if self._rows is not None:
+            self._rows.after_step(responses)
         now = time.perf_counter()
         for p in prompt_responses:
             job = self._by_uid.get(p.uid)
@@ -618,7 +608,7 @@ class TextEngine(Sleeps):
         )
         self._by_uid[job.uid] = job
         if job.row is not None:
-            self._rows.insert(job.uid, 1, job.row)
+            self._rows.insert(job.uid, job.row)
 
     def _count_step(self, stats: Any, n_decoded: int, prefilled: bool) -> None:
         """Fold what the generator counted over one `next()` (its `BatchStats`) into ours."""
@@ -864,12 +854,3 @@ class TextEngine(Sleeps):
         self._pending.clear()
         for job in jobs:
             self._finish(job, "cancelled")
-
-
-def _mlx_lm_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mlx-lm")
-    except PackageNotFoundError:
-        return "unknown"
