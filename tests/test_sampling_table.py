@@ -112,3 +112,15 @@ def test_generate_has_an_option_per_knob_setting_under_each_llama_spelling(
     named = {"--temperature": "temp", "--top-nsigma": "top_n_sigma", "--typical": "typical_p"}
     for spelling, setting in {**named, "-s": "seed", "--mirostat-ent": "mirostat_tau"}.items():
         assert _generate_cli(monkeypatch, spelling, "1")[setting] == 1
+
+
+# p_less (a bool) is checked on its own; the seed may be None.
+NUMBER_KNOBS = [k for k in SAMPLING_KNOBS if k.kind is not bool and not k.negative_unset]
+
+
+@pytest.mark.parametrize("knob", NUMBER_KNOBS, ids=[k.name for k in NUMBER_KNOBS])
+def test_validate_checks_each_number_knobs_type_from_the_table(knob: SamplingKnob) -> None:
+    word = "an integer" if knob.kind is int else "a number"
+    for param in knob.params:
+        with pytest.raises(ValueError, match=f"^{param} must be {word}, not True$"):
+            SamplingParams(**{param: True}).validate()

@@ -58,42 +58,11 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError (one line) for the first out-of-range field."""
-        for name in (
-            "temperature",
-            "top_p",
-            "min_p",
-            "repetition_penalty",
-            "frequency_penalty",
-            "presence_penalty",
-            "dry_multiplier",
-            "dry_base",
-            "xtc_probability",
-            "xtc_threshold",
-            "top_n_sigma",
-            "typical_p",
-            "dynatemp_range",
-            "dynatemp_exponent",
-            "mirostat_tau",
-            "mirostat_eta",
-            "adaptive_target",
-            "adaptive_decay",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{name} must be a number, not {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be finite, not {value!r}")
-        for name in (
-            "top_k",
-            "repetition_context_size",
-            "penalty_context_size",
-            "dry_allowed_length",
-            "dry_penalty_last_n",
-            "mirostat",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, not {value!r}")
+        for kind in (float, int):  # each number knob's type, from the one table of knobs
+            for knob in SAMPLING_KNOBS:
+                if knob.kind is kind and not knob.negative_unset:  # the seed may be None
+                    for name in knob.params:
+                        _check_type(name, getattr(self, name), kind)
         _check(self.temperature >= 0, f"temperature must be >= 0, not {self.temperature}")
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], not {self.top_p}")
         _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], not {self.min_p}")
@@ -255,3 +224,18 @@ def knob_overrides(values: dict[str, Any]) -> dict[str, Any]:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def _check_type(name: str, value: Any, kind: type) -> None:
+    """A float knob takes any finite number, an int knob an integer (never a bool)."""
+    if kind is int:
+        _check(
+            isinstance(value, int) and not isinstance(value, bool),
+            f"{name} must be an integer, not {value!r}",
+        )
+        return
+    _check(
+        isinstance(value, (int, float)) and not isinstance(value, bool),
+        f"{name} must be a number, not {value!r}",
+    )
+    _check(math.isfinite(value), f"{name} must be finite, not {value!r}")
