@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from fixtures.asgi import json_post, stand_in_app
 from fixtures.stand_in_engine import StandInEngine
+from sse_reader import sse_events
 
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings
 
@@ -105,15 +105,7 @@ def _get(app: Any, path: str) -> httpx.Response:
 
 def _sse(text: str) -> list[tuple[str | None, Any]]:
     """(event name, parsed data) of every SSE message with JSON data."""
-    out: list[tuple[str | None, Any]] = []
-    for block in text.split("\n\n"):
-        name = None
-        for line in block.splitlines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: {"):
-                out.append((name, json.loads(line[6:])))
-    return out
+    return [(e.name, e.json()) for e in sse_events(text) if e.data.startswith("{")]
 
 
 def _metrics(app: Any) -> dict[str, float]:

@@ -14,7 +14,6 @@ Requests use `ignore_eos`, so each one runs exactly to its `n_predict`.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from server_harness import API_KEY, AUTH, ServeProcess
+from sse_reader import sse_json
 
 from mlxcel.config import Settings
 from mlxcel.server.runner import plan_slots
@@ -161,9 +161,7 @@ def test_a_stream_that_outgrows_the_pool_ends_with_an_error_event(unified: str) 
             "POST", f"{unified}/completion", json=body, headers=AUTH, timeout=120
         ) as response:
             assert response.status_code == 200
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    events[i].append(json.loads(line[len("data: ") :]))
+            events[i].extend(sse_json(response.iter_lines()))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from fixtures.tiny_encoders import build_tiny_bert
 from server_harness import API_KEY, AUTH, ServeProcess
+from sse_reader import DONE, sse_json, sse_payloads
 from test_server_tools import QWEN_STYLE_TEMPLATE, make_app
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -56,16 +57,12 @@ def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
 
 def _stream(url: str, path: str, body: dict[str, Any]) -> list[Any]:
     """The JSON of every `data:` line of a streamed answer (`[DONE]` as the string)."""
-    out: list[Any] = []
     with httpx.stream(
         "POST", f"{url}{path}", json={**body, "stream": True}, headers=AUTH, timeout=120
     ) as response:
         assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                data = line.removeprefix("data: ")
-                out.append(data if data == "[DONE]" else json.loads(data))
-    return out
+        payloads = sse_payloads(response.iter_lines())
+    return [data if data == DONE else json.loads(data) for data in payloads]
 
 
 # ------------------------------------------------------------------------------ n > 1
@@ -378,8 +375,7 @@ def test_native_progress_from_an_engine_without_prefill_reports(hf_tokenizer: An
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
             return (await http.post("/completion", json=body)).text
 
-    lines = [ln.removeprefix("data: ") for ln in asyncio.run(go()).splitlines() if ln]
-    chunks = [json.loads(line) for line in lines]
+    chunks = sse_json(asyncio.run(go()))
     assert "prompt_progress" in chunks[0] and "prompt_progress" not in chunks[1]
     progress = chunks[0]["prompt_progress"]
     assert progress["processed"] == progress["total"] == chunks[1]["tokens_evaluated"] > 0

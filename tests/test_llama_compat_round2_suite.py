@@ -4,7 +4,6 @@ real llama-server on the same models (docs/llama-compat.md), each through a real
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from server_harness import API_KEY, AUTH, ServeProcess
+from sse_reader import sse_json
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +62,11 @@ def test_anthropic_usage_reports_cache_reads(server: str) -> None:
         "POST", f"{server}/v1/messages", json={**body, "stream": True}, headers=AUTH, timeout=120
     ) as response:
         assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                event = json.loads(line.removeprefix("data: "))
-                if event["type"] == "message_start":
-                    starts.append(event["message"]["usage"])
-                if event["type"] == "message_delta":
-                    deltas.append(event["usage"])
+        for event in sse_json(response.iter_lines()):
+            if event["type"] == "message_start":
+                starts.append(event["message"]["usage"])
+            if event["type"] == "message_delta":
+                deltas.append(event["usage"])
     assert len(deltas) == 1 and len(starts) == 1
     streamed = deltas[0]
     assert 0 < streamed["cache_read_input_tokens"] < counted == prompt(streamed)

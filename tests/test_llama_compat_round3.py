@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from server_harness import AUTH, main_server_args, serve, shared_server
+from sse_reader import sse_json
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
@@ -37,14 +38,6 @@ def http(tiny_llama_dir: Path) -> Iterator[httpx.Client]:
     """The shared main server (`--api-key`, `--metrics`, 4 slots of 1024 tokens), keyed."""
     with shared_server(main_server_args(tiny_llama_dir)).client(headers=AUTH) as client:
         yield client
-
-
-def _sse(response: httpx.Response) -> list[Any]:
-    return [
-        json.loads(line[6:])
-        for line in response.text.splitlines()
-        if line.startswith("data: ") and line != "data: [DONE]"
-    ]
 
 
 # ----------------------------------------------------------------------------- /metrics
@@ -74,7 +67,7 @@ def test_predicted_totals_are_the_sum_of_the_answers(http: httpx.Client) -> None
             "stream_options": {"include_usage": True},
         },
     )
-    (usage,) = [c["usage"] for c in _sse(streamed) if c.get("usage")]
+    (usage,) = [c["usage"] for c in sse_json(streamed.text) if c.get("usage")]
     after = metric_values(http)
     completion = sum(a["tokens_predicted"] for a in answers)
     completion += many["usage"]["completion_tokens"] + usage["completion_tokens"]
@@ -254,7 +247,8 @@ def test_verbose_field_adds_the_native_result(http: httpx.Client) -> None:
         "__verbose" not in http.post("/v1/chat/completions", json={**chat, "verbose": False}).json()
     )
 
-    chunks = _sse(http.post("/v1/chat/completions", json={**chat, "verbose": True, "stream": True}))
+    streamed = http.post("/v1/chat/completions", json={**chat, "verbose": True, "stream": True})
+    chunks = sse_json(streamed.text)
     (last,) = [c for c in chunks if c.get("__verbose")]
     assert last["choices"][0]["finish_reason"] is not None
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI
+from sse_reader import sse_events
 from test_responses_api import make_app, prompts, run
 
 SUMMARY = ["They", " talked", " about", " trains", "."]
@@ -196,16 +197,6 @@ def test_malformed_compaction_item_is_400(hf_tokenizer: Any) -> None:
     assert answer.status_code == 400
 
 
-def _sse(text: str) -> list[tuple[str, dict[str, Any]]]:
-    import json
-
-    out = []
-    for block in text.strip().split("\n\n"):
-        lines = dict(ln.split(": ", 1) for ln in block.split("\n") if not ln.startswith(":"))
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
 MANAGED = [{"type": "compaction", "compact_threshold": 60}]
 
 
@@ -284,7 +275,7 @@ def test_context_management_below_the_threshold_does_nothing(hf_tokenizer: Any) 
 def test_context_management_streams_compaction_events(hf_tokenizer: Any) -> None:
     app, _ = make_app(hf_tokenizer, SUMMARY)
     body = {"model": "m", "input": _history(6), "context_management": MANAGED, "stream": True}
-    events = _sse(_post(app, "/v1/responses", body).text)
+    events = [(e.name, e.json()) for e in sse_events(_post(app, "/v1/responses", body).text)]
     names = [name for name, _ in events]
     assert names[:3] == ["response.created", "response.in_progress", "mlx.compaction.started"]
     started, done = dict(events)["mlx.compaction.started"], dict(events)["mlx.compaction.completed"]

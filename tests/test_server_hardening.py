@@ -28,6 +28,7 @@ from server_harness import (
     main_server_args,
     shared_server,
 )
+from sse_reader import sse_json
 
 from mlxcel.config import Settings
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
@@ -366,7 +367,7 @@ def test_engine_error_is_500_or_finish_reason_error(tokenizer: Any) -> None:
     assert "<path>" in error["message"]  # the path is scrubbed
     # Mid-stream: the finish chunk says "error", then the OpenAI error event, then [DONE].
     for text in (streamed.text, completion.text):
-        chunks = [json.loads(line[6:]) for line in text.split("\n\n") if line[6:7] == "{"]
+        chunks = sse_json(text)
         assert chunks[-2]["choices"][0]["finish_reason"] == "error"
         assert chunks[-1]["error"]["type"] == "server_error"
         assert "<path>" in chunks[-1]["error"]["message"]
@@ -406,9 +407,8 @@ def _stream_texts(body: str) -> list[str]:
             for item in value:
                 collect(item)
 
-    for line in body.splitlines():
-        if line.startswith("data: {"):
-            collect(json.loads(line[6:]))
+    for chunk in sse_json(body):
+        collect(chunk)
     return texts
 
 

@@ -6,7 +6,6 @@ with `ignore_eos` where a test needs an exact token count, so results are determ
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import API_KEY, AUTH, MESSAGES, ServeProcess, main_server_args, shared_server
+from sse_reader import sse_json, sse_payloads, sse_stream_json
 
 
 @pytest.fixture(scope="module")
@@ -34,22 +34,6 @@ def http(server: ServeProcess) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def sdk(server: ServeProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
-
-
-def sse_lines(response: httpx.Response) -> list[str]:
-    """The non-empty lines of an SSE body, checking every event ends with a blank line."""
-    text = response.text
-    assert text.endswith("\n\n")
-    events = [e for e in text.split("\n\n") if e]
-    for event in events:
-        assert event.startswith("data: "), event
-        assert "\n" not in event
-    return events
-
-
-def chunks_of(events: list[str]) -> list[dict[str, Any]]:
-    assert events[-1] == "data: [DONE]"
-    return [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
 
 
 def metric(http: httpx.Client, name: str) -> float:
@@ -119,8 +103,7 @@ def test_chat_stream_wire_format(http: httpx.Client) -> None:
     body = {"model": "wire", "messages": MESSAGES, "max_tokens": 3, "stream": True, **greedy()}
     response = http.post("/v1/chat/completions", json={**body, "ignore_eos": True})
     assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/event-stream")
-    chunks = chunks_of(sse_lines(response))
+    chunks = sse_stream_json(response, done=True)
     keys = ["id", "object", "created", "model", "system_fingerprint", "choices"]
     for chunk in chunks:
         assert list(chunk)[:6] == keys
@@ -274,10 +257,7 @@ def _stream_ids(url: str, prompt: str, n: int) -> list[int]:
         "POST", f"{url}/v1/chat/completions", json=body, headers=AUTH, timeout=120
     ) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_json(r.iter_lines()):
             for choice in chunk["choices"]:
                 for entry in (choice.get("logprobs") or {}).get("content") or []:
                     ids.append(entry["id"])
@@ -322,7 +302,7 @@ def test_client_disconnect_frees_slot_and_is_not_counted(
         "POST", f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60
     ) as response:
         lines = response.iter_lines()  # kept alive: leaving the loop would close the socket
-        data = [line for line in (next(lines) for _ in range(6)) if line.startswith("data: ")]
+        data = sse_payloads(next(lines) for _ in range(6))
         assert len(data) == 3
         assert _active(server) == 1  # still generating while we hold the connection
     # the connection is closed here, with hundreds of tokens still to go

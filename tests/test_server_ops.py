@@ -21,6 +21,7 @@ import typer
 from mlxcel.commands import cache_remote
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import InProcessServer, ServeProcess, shared_server
+from sse_reader import iter_sse_json
 from test_server_openai import API_KEY, AUTH, main_server_args
 from typer.testing import CliRunner
 
@@ -254,7 +255,7 @@ def _hold_stream(url: str, stack: ExitStack, keep: list[Any]) -> None:
     assert response.status_code == 200
     lines = response.iter_lines()
     keep.append(lines)
-    next(line for line in lines if line.startswith("data: "))
+    next(iter_sse_json(lines))
 
 
 def test_slots_decoding_and_queued(server: ServeProcess, http: httpx.Client) -> None:

@@ -10,7 +10,6 @@ idle, and without the flag the server never sleeps.
 from __future__ import annotations
 
 import gc
-import json
 import threading
 import time
 import weakref
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from server_harness import ServeProcess
+from sse_reader import iter_sse_json
 
 from mlxcel.server.sleep import wakes_model
 
@@ -152,10 +152,7 @@ def test_no_sleep_while_a_stream_is_in_flight(sleepy: ServeProcess) -> None:
         start = time.monotonic()
         with client.stream("POST", "/completion", json=body) as response:
             assert response.status_code == 200
-            for line in response.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                event = json.loads(line[6:])
+            for event in iter_sse_json(response.iter_lines()):
                 if event.get("stop"):
                     break
                 if time.monotonic() - start > IDLE * 1.5:

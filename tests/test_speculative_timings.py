@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from sse_reader import sse_json
 from test_server_tools import PLAIN_TEMPLATE, ScriptedEngine, make_app, run
 
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings
@@ -46,11 +46,6 @@ def _post(app: Any, path: str, body: dict[str, Any]) -> httpx.Response:
     return run(app, call)  # type: ignore[no-any-return]
 
 
-def _sse(text: str) -> list[dict[str, Any]]:
-    lines = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
-    return [json.loads(x) for x in lines if x != "[DONE]"]
-
-
 CASES = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
     ("/v1/completions", {"prompt": "x"}),
@@ -65,7 +60,7 @@ def test_timings_with_draft_counters_after_a_verify_round(
     answer = _post(app, path, body).json()
     assert {k: answer["timings"][k] for k in DRAFT} == DRAFT
     assert answer["timings"]["predicted_n"] == 2
-    chunks = _sse(_post(app, path, {**body, "stream": True}).text)
+    chunks = sse_json(_post(app, path, {**body, "stream": True}).text)
     with_timings = [c for c in chunks if "timings" in c]
     assert len(with_timings) == 1
     assert with_timings[0]["choices"][0]["finish_reason"] == "stop"
@@ -76,7 +71,7 @@ def test_timings_with_draft_counters_after_a_verify_round(
 def test_no_timings_without_speculation(hf_tokenizer: Any, path: str, body: dict[str, Any]) -> None:
     app = _app(hf_tokenizer, Timings(prompt_n=3, predicted_n=2))
     assert "timings" not in _post(app, path, body).json()
-    chunks = _sse(_post(app, path, {**body, "stream": True}).text)
+    chunks = sse_json(_post(app, path, {**body, "stream": True}).text)
     assert not any("timings" in c for c in chunks)
 
 

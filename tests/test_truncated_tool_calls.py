@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from server_harness import AUTH, ServeProcess
+from sse_reader import sse_json
 from test_server_tools import QWEN_STYLE_TEMPLATE, THINKING_OPT_IN
 
 from mlxcel.engine.chat.tool_calls import get_format
@@ -126,10 +127,8 @@ def _streamed_call(http: httpx.Client, max_tokens: int) -> tuple[str | None, lis
     names: list[str] = []
     arguments: list[str] = []
     finish = None
-    for line in _chat(http, max_tokens, stream=True).text.splitlines():
-        if not line.startswith("data: {"):
-            continue
-        for choice in json.loads(line[6:]).get("choices", []):
+    for chunk in sse_json(_chat(http, max_tokens, stream=True).text):
+        for choice in chunk.get("choices", []):
             finish = choice.get("finish_reason") or finish
             for part in choice["delta"].get("tool_calls") or []:
                 if part["function"].get("name"):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 from server_harness import ServeProcess
+from sse_reader import sse_data
 
 N_PREDICT = 400
 
@@ -28,10 +29,11 @@ def _stream_completion(
     try:
         with httpx.stream("POST", f"{url}/completion", json=body, timeout=120) as response:
             for line in response.iter_lines():
-                if not line.startswith("data: "):
+                data = sse_data(line)
+                if data is None:
                     continue
                 try:
-                    event = json.loads(line[6:])
+                    event = json.loads(data)
                 except ValueError:  # a line split inside an event: recorded, and the test fails
                     results.append({"status": None, "bad_line": line, "chunks": tokens})
                     started.set()

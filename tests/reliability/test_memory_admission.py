@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from server_harness import ServeProcess
+from sse_reader import DONE, sse_payloads
 
 from mlxcel.engine.errors import RequestMemoryBudgetError
 from mlxcel.engine.loading import load_model
@@ -109,9 +110,9 @@ def test_a_streamed_request_is_refused_before_any_sse_byte(budget_server: ServeP
         with client.stream("POST", "/v1/chat/completions", json=_chat(4, True)) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
-            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
-        assert lines[-1] == "data: [DONE]"
-        assert json.loads(lines[0][6:])["object"] == "chat.completion.chunk"
+            payloads = sse_payloads(response.iter_lines())
+        assert payloads[-1] == DONE
+        assert json.loads(payloads[0])["object"] == "chat.completion.chunk"
 
 
 def test_an_invalid_budget_refuses_to_start(tiny_llama_dir: Path) -> None:
