@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import test_server_native
 from server_harness import serve
+from sse_reader import sse_stream_json
 from test_batched_sampling import MIXED, V
-from test_server_native import sse_events
 from test_server_openai import AUTH, main_server_args
 
 from mlxcel.engine.sampling.batched import BatchSampler, RowSampling
@@ -155,7 +155,7 @@ def test_without_n_probs_nothing_is_reported(http: httpx.Client) -> None:
 def test_stream_chunks_carry_probabilities(http: httpx.Client) -> None:
     response = http.post("/completion", json=body(temperature=1.0, top_k=3, stream=True))
     assert response.status_code == 200
-    events = sse_events(response)
+    events = sse_stream_json(response, done=False)
     chunks = [e for e in events if not e["stop"] and e.get("tokens")]
     assert len(chunks) == 6
     for chunk in chunks:
