@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from server_harness import ServeProcess, shared_server
+from sse_reader import sse_stream_json
 from test_server_openai import API_KEY, AUTH, main_server_args
 
 PROMPT = "def f(x):"
@@ -65,17 +66,6 @@ def http(server: ServeProcess) -> Iterator[httpx.Client]:
 def fixed(**extra: Any) -> dict[str, Any]:
     """Greedy, no cache, exact token counts."""
     return {"temperature": 0, "cache_prompt": False, "ignore_eos": True, **extra}
-
-
-def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
-    """The JSON events of a native stream (no `[DONE]` marker, as llama-server)."""
-    assert response.headers["content-type"].startswith("text/event-stream")
-    text = response.text
-    assert text.endswith("\n\n")
-    events = [e for e in text.split("\n\n") if e and not e.startswith(":")]
-    assert all(e.startswith("data: ") and "\n" not in e for e in events)
-    assert events[-1] != "data: [DONE]"
-    return [json.loads(e.removeprefix("data: ")) for e in events]
 
 
 def tokenize(http: httpx.Client, text: str, add_special: bool = True) -> list[int]:
@@ -205,7 +195,7 @@ def test_streaming(http: httpx.Client) -> None:
     whole = http.post("/completion", json=body).json()
     response = http.post("/completion", json={**body, "stream": True})
     assert response.status_code == 200
-    events = sse_events(response)
+    events = sse_stream_json(response, done=False)
     *chunks, last = events
     assert chunks and all(c["stop"] is False for c in chunks)
     for c in chunks:
@@ -221,7 +211,7 @@ def test_streaming(http: httpx.Client) -> None:
 
 def test_streaming_n_probs_and_several_prompts(http: httpx.Client) -> None:
     body = {"prompt": ["a", "b"], "n_predict": 2, "n_probs": 1, "stream": True, **fixed()}
-    events = sse_events(http.post("/completion", json=body))
+    events = sse_stream_json(http.post("/completion", json=body), done=False)
     finals = [e for e in events if e["stop"]]
     assert sorted(e["index"] for e in finals) == [0, 1]
     for e in events:
