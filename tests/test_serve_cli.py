@@ -13,7 +13,7 @@ import pytest
 from server_harness import InProcessServer, ServeProcess
 
 from mlxcel.config import Settings
-from mlxcel.server.runner import plan_slots
+from mlxcel.server.boot import plan_slots
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -199,7 +199,7 @@ def test_default_model_end_to_end(smollm2_gguf: Path) -> None:
 
 def test_chat_template_option_forms(tmp_path: Path) -> None:
     from mlxcel.engine.chat.builtin_templates import builtin_template
-    from mlxcel.server.runner import chat_template_text
+    from mlxcel.server.boot import chat_template_text
 
     assert chat_template_text(Settings()) is None
     assert chat_template_text(Settings(chat_template="chatml")) == builtin_template("chatml")

@@ -519,7 +519,7 @@ def test_server_settings_build_the_config(tiny_llama_dir: Path) -> None:
     from types import SimpleNamespace
 
     from mlxcel.config import SettingsError
-    from mlxcel.server.runner import speculation_config
+    from mlxcel.server.boot import speculation_config
 
     def config(**kw: Any) -> Any:
         values: dict[str, Any] = {

@@ -128,7 +128,7 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
     # the wake-up of a sleeping model (`--sleep-idle-seconds`) for the routes that need it.
     app.add_middleware(
         WakeOnRequest,
-        engine=lambda: state.client.engine if state.client is not None else None,
+        engine=lambda: state.engine,
         prefix=prefix,
         routes=app.router.routes,
     )

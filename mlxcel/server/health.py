@@ -40,7 +40,8 @@ def health_payload(state: ServerState) -> tuple[int, dict[str, Any]]:
         return 503, {"status": "draining", "tool_call_parser": None}
     if state.loading:
         return 503, {"status": "loading model", "tool_call_parser": None}
-    if state.client is None:  # side models only (embeddings, audio, image): no slots
+    engine = state.engine
+    if engine is None:  # side models only (embeddings, audio, image): no slots
         names = state.side_model_names
         return 200, {
             "status": "ok",
@@ -48,7 +49,6 @@ def health_payload(state: ServerState) -> tuple[int, dict[str, Any]]:
             "models": names,
             "tool_call_parser": None,
         }
-    engine = state.client.engine
     snap = engine.snapshot()
     active = sum(1 for slot in snap.slots if slot.state != "idle")
     counters = snap.counters

@@ -1,19 +1,34 @@
-"""What every route handler can reach: settings, the engine client, model facts."""
+"""What every route handler can reach: settings, the engine and workers, model facts.
+
+`ServerState` is the server's services object: `mlxcel.server.boot` builds what it holds
+from the settings (the text engine and its client, the side models' workers), every field
+has its type, and the routes ask it (and the engine's protocol, `state.engine`) for what
+they need instead of reaching into an engine.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import Request
+
+from mlxcel.server.llama_native.fim import FimTokens
+from mlxcel.server.media import MediaPolicy
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.loading.model import ModelInfo
+    from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.text.request import GenerationEvent
     from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.engine.workers.audio import AudioWorker
+    from mlxcel.engine.workers.image_worker import ImageWorker
     from mlxcel.server.bridge import EngineClient
+    from mlxcel.server.embeddings.services import EmbeddingServices
+    from mlxcel.server.engine_protocol import GenerationEngine
+    from mlxcel.server.media.parts import ModelMedia
 
 
 @dataclass
@@ -62,23 +77,31 @@ class RequestCounters:
 
 @dataclass
 class ServerState:
-    """Shared server state, stored on `app.state.mlxcel`.
+    """The server's services, stored on `app.state.mlxcel`.
 
-    `client`, `tokenizer` and `model_info` are None while the model is loading.
+    `client`, `tokenizer` and `model_info` are None while the model is loading (and on a
+    server without a chat model); a side model's worker is None when it is not asked for.
     """
 
     settings: Settings
-    client: EngineClient | None = None
+    client: EngineClient | None = None  # set last: the text model is ready from then on
     tokenizer: Tokenizer | None = None
     model_info: ModelInfo | None = None
-    prompt_cache: Any = None  # mlxcel.engine.text.prompt_cache.PromptCache | None
+    prompt_cache: PromptCache | None = None  # None: `--cache-ram 0` or a vision model
     counters: RequestCounters = field(default_factory=RequestCounters)
     started: float = field(default_factory=time.time)
-    embeddings: Any = None  # mlxcel.server.embeddings.services.EmbeddingServices | None
-    audio: Any = None  # mlxcel.engine.workers.audio.AudioWorker | None
-    text_engine: bool = True  # False on embeddings-only and audio-only servers
-    media: Any = None  # mlxcel.server.media.parts.ModelMedia when a vision model is loaded
-    media_policy: Any = None  # mlxcel.server.media.MediaPolicy, read once at start
+    embeddings: EmbeddingServices | None = None
+    audio: AudioWorker | None = None
+    image: ImageWorker | None = None
+    text_engine: bool = True  # False on servers without a chat model (side models only)
+    media: ModelMedia | None = None  # what a vision model takes; None: a text model
+    media_policy: MediaPolicy = field(default_factory=MediaPolicy)  # vision: set at start
+    fim: FimTokens = field(default_factory=FimTokens)  # the tokenizer's FIM token ids
+
+    @property
+    def engine(self) -> GenerationEngine | None:
+        """The generation engine; None while loading or without a chat model."""
+        return self.client.engine if self.client is not None else None
 
     @property
     def loading(self) -> bool:
@@ -110,9 +133,8 @@ class ServerState:
             names += [s.model_name for s in (services.embeddings, services.rerank) if s]
         if self.audio is not None:
             names += [m.name for m in (self.audio.models.stt, self.audio.models.tts) if m]
-        image = getattr(self, "image", None)  # set by the runner with `--image-model`
-        if image is not None:
-            names.append(image.model.name)
+        if self.image is not None:
+            names.append(self.image.model.name)
         return list(dict.fromkeys(names))
 
 

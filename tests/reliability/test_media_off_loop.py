@@ -204,8 +204,10 @@ def test_image_edit_inputs_decode_on_the_media_pool(monkeypatch: pytest.MonkeyPa
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
+    from mlxcel.config.settings import Settings
     from mlxcel.server.errors import bad_request, install_error_handlers
     from mlxcel.server.images import routes
+    from mlxcel.server.state import ServerState
 
     threads = Threads()
 
@@ -216,7 +218,8 @@ def test_image_edit_inputs_decode_on_the_media_pool(monkeypatch: pytest.MonkeyPa
     app = FastAPI()
     install_error_handlers(app)
     app.include_router(routes.router)
-    app.state.image = object()  # a worker is required before the inputs are read
+    # a worker is required before the inputs are read
+    app.state.mlxcel = ServerState(settings=Settings(warmup=False), image=object())
     with TestClient(app) as client:
         answer = client.post("/v1/images/edits", json={"prompt": "x", "image": _png_uri((64, 64))})
     assert answer.status_code == 400 and "stub" in answer.json()["error"]["message"]

@@ -86,7 +86,7 @@ def documented(app: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def app(tiny_llama_dir: Path) -> Iterator[Any]:
-    from mlxcel.server.runner import load_into
+    from mlxcel.server.boot import load_into
 
     state = ServerState(
         settings=Settings(model=str(tiny_llama_dir), warmup=False, parallel=2, ctx_size=512)

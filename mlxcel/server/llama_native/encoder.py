@@ -84,11 +84,11 @@ class NativeEncoder(Encoder):
         if self.slots[index] >= 0 or self._looked[index] or event.finished:
             return
         self._looked[index] = True  # the job holds a slot while it emits: one look is enough
-        client = self.state.client
-        if client is None:
+        engine = self.state.engine
+        if engine is None:
             return
         request_id = self.requests[index].request_id
-        for slot in client.engine.snapshot().slots:
+        for slot in engine.snapshot().slots:
             if slot.request_id == request_id:
                 self.slots[index] = slot.id
                 return
@@ -228,8 +228,8 @@ class NativeEncoder(Encoder):
     def _filled_context(self, final: GenerationEvent, request: GenerationRequest) -> bool:
         """llama-server's `truncated`: generation stopped because the slot's context is full
         (not at the request's own token limit)."""
-        client = self.state.client
-        n_ctx = int(getattr(client.engine, "context_per_slot", 0)) if client is not None else 0
+        engine = self.state.engine
+        n_ctx = engine.context_per_slot if engine is not None else 0
         if final.finish_reason != "length" or n_ctx <= 0:
             return False
         if request.max_tokens is not None and final.completion_tokens >= request.max_tokens:

@@ -33,30 +33,6 @@ if TYPE_CHECKING:
     from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
     from mlxcel.server.state import ServerState
 
-# Fill-in-the-middle control tokens, by role, in the spellings model families use.
-FIM_TOKENS: dict[str, tuple[str, ...]] = {
-    "prefix": ("<|fim_prefix|>", "<fim_prefix>", "<fim-prefix>", "<｜fim▁begin｜>", "[PREFIX]"),
-    "suffix": ("<|fim_suffix|>", "<fim_suffix>", "<fim-suffix>", "<｜fim▁hole｜>", "[SUFFIX]"),
-    "middle": ("<|fim_middle|>", "<fim_middle>", "<fim-middle>", "<｜fim▁end｜>", "[MIDDLE]"),
-    "file_sep": ("<|file_sep|>", "<file_sep>"),
-}
-
-
-def fim_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
-    """Ids of the FIM roles the vocabulary has (`prefix`, `suffix`, `middle`, `file_sep`)."""
-    cached = getattr(tokenizer, "_mlxcel_fim_ids", None)
-    if cached is not None:
-        return dict(cached)
-    vocab = tokenizer.hf.get_vocab()
-    found: dict[str, int] = {}
-    for role, spellings in FIM_TOKENS.items():
-        for spelling in spellings:
-            if spelling in vocab:
-                found[role] = int(vocab[spelling])
-                break
-    tokenizer._mlxcel_fim_ids = found  # type: ignore[attr-defined]
-    return dict(found)
-
 
 def piece_value(tokenizer: Tokenizer, token_id: int) -> str | list[int]:
     """A token's piece: its text when it is valid UTF-8 on its own, else its bytes."""
@@ -101,7 +77,7 @@ class NativeServing:
     async def infill(self, body: InfillRequest, raw: Request) -> Response:
         """POST /infill: fill-in-the-middle; 501 when the vocabulary has no FIM tokens."""
         tokenizer = self.tokenizer
-        fim = fim_token_ids(tokenizer)
+        fim = self.state.fim.ids(tokenizer)
         missing = [role for role in ("prefix", "suffix", "middle") if role not in fim]
         if missing:
             detail = "".join(f"{role} token is missing. " for role in missing)

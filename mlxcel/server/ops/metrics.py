@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from mlxcel.engine.text.scheduler import EngineCounters
     from mlxcel.server.state import ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -65,9 +66,9 @@ def collect(state: ServerState) -> list[Family]:
     """Every family, read from the request counters and the engine snapshot."""
     http = state.counters
     n_slots = busy = queued = 0
-    engine: Any = None
-    if state.client is not None:
-        snap = state.client.engine.snapshot()
+    engine: EngineCounters | None = None
+    if state.engine is not None:
+        snap = state.engine.snapshot()
         engine = snap.counters
         n_slots = len(snap.slots)
         busy = sum(1 for slot in snap.slots if slot.state != "idle")

@@ -24,6 +24,7 @@ from mlxcel.server.state import ServerState, get_state
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.text.scheduler import SlotState
+    from mlxcel.server.engine_protocol import GenerationEngine
 
 router = APIRouter()
 
@@ -46,10 +47,11 @@ def _not_supported(message: str) -> APIError:
     return APIError(501, message, "not_supported_error")
 
 
-def _engine(state: ServerState) -> Any:
-    if state.client is None:
+def _engine(state: ServerState) -> GenerationEngine:
+    engine = state.engine
+    if engine is None:
         raise server_busy("loading model")
-    return state.client.engine
+    return engine
 
 
 def _default_params(state: ServerState) -> tuple[Any, int]:
@@ -117,7 +119,7 @@ def props_payload(state: ServerState) -> dict[str, Any]:
         "bos_token": (tokenizer.bos_token if tokenizer is not None else None) or "",
         "eos_token": (tokenizer.eos_token if tokenizer is not None else None) or "",
         "build_info": f"mlxcel-{__version__}",
-        "is_sleeping": bool(getattr(engine, "sleeping", False)),
+        "is_sleeping": engine.sleeping,
         "cors_proxy_enabled": False,
     }
 
