@@ -25,7 +25,7 @@ from server_harness import API_KEY, AUTH, ServeProcess
 from sse_reader import sse_json
 
 from mlxcel.config import Settings
-from mlxcel.server.runner import plan_slots
+from mlxcel.server.boot import plan_slots
 
 CTX = 256
 SLOTS = 4
