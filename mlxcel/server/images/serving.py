@@ -23,6 +23,7 @@ from mlxcel.server.images.protocol import (
     ImagesResponse,
 )
 from mlxcel.server.json_body import read_json_body
+from mlxcel.server.state import get_state
 
 if TYPE_CHECKING:
     from mlxcel.engine.image import GeneratedPicture, ImageJob
@@ -37,12 +38,8 @@ _DATA_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[^,]*)?;base64,(?
 
 
 def image_worker(request: Request) -> ImageWorker | None:
-    """The server's image worker: `ServerState.image`, else `app.state.image`, else None."""
-    state = getattr(request.app.state, "mlxcel", None)
-    worker = getattr(state, "image", None) if state is not None else None
-    if worker is None:
-        worker = getattr(request.app.state, "image", None)
-    return worker
+    """The server's image worker (`ServerState.image`; None: no `--image-model`)."""
+    return get_state(request).image
 
 
 def require_worker(request: Request) -> ImageWorker:
