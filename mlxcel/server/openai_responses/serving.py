@@ -415,11 +415,10 @@ class ResponsesServing:
 
     def context_window(self) -> int:
         """Tokens one request may hold (the per-slot context)."""
-        engine = self.state.client.engine if self.state.client is not None else None
-        window = getattr(engine, "context_per_slot", None)
-        if not window:
+        engine = self.state.engine
+        if engine is None:
             raise server_busy("loading model")
-        return int(window)
+        return engine.context_per_slot
 
     async def compact(self, payload: Any, raw: Request) -> Response:
         """POST /v1/responses/compact: summarize older turns into one compaction item.
