@@ -24,10 +24,11 @@ from fixtures.audio import (
     word_error_rate,
 )
 
+from mlxcel.config.process_env import WHISPER_AUDIO_CTX, WHISPER_FORWARD
 from mlxcel.engine.audio import cpu_whisper
 from mlxcel.engine.audio.codec import read_audio, resample
 from mlxcel.engine.audio.transcribe import TranscriptionOptions, transcribe
-from mlxcel.engine.audio.whisper import FORWARD_ENV, WhisperModel, load_whisper
+from mlxcel.engine.audio.whisper import WhisperModel, load_whisper
 from mlxcel.engine.errors import ModelLoadError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,9 +135,9 @@ def test_numpy_forward_transcribes_like_mlx(
 def test_forward_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ModelLoadError, match="forward must be one of"):
         load_whisper(str(tiny_whisper_dir()), forward="torch")
-    monkeypatch.setenv(FORWARD_ENV, "mlx")
+    monkeypatch.setenv(WHISPER_FORWARD, "mlx")
     assert load_whisper(str(tiny_whisper_dir())).forward == "mlx"
-    monkeypatch.setenv(FORWARD_ENV, "auto")
+    monkeypatch.setenv(WHISPER_FORWARD, "auto")
     assert load_whisper(str(tiny_whisper_dir())).forward == "numpy"  # tests run on the CPU
 
 
@@ -226,10 +227,10 @@ def test_audio_ctx_choice(
 ) -> None:
     """`MLXCEL_WHISPER_AUDIO_CTX` picks the encoder's length; a bad value is a load error;
     the shipped tiny.en gives the same words either way on real speech."""
-    monkeypatch.setenv(cpu_whisper.AUDIO_CTX_ENV, "half")
+    monkeypatch.setenv(WHISPER_AUDIO_CTX, "half")
     with pytest.raises(ModelLoadError, match="audio context"):
         load_whisper(None)
-    monkeypatch.setenv(cpu_whisper.AUDIO_CTX_ENV, "full")
+    monkeypatch.setenv(WHISPER_AUDIO_CTX, "full")
     full = load_whisper(None)
     assert full.model.encoder.audio_ctx == "full" and tiny_en.model.encoder.audio_ctx == "auto"
     ours, whole = transcribe(tiny_en, speech), transcribe(full, speech)

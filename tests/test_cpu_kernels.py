@@ -12,6 +12,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from mlxcel.config import process_env
 from mlxcel.engine.cpu_kernels import build
 from mlxcel.engine.cpu_kernels.layers import (
     KERNEL_MAX_ROWS,
@@ -40,7 +41,7 @@ def float_activations(kernels: ModuleType) -> Iterator[ModuleType]:
     """The kernel with its int8 activations path off (restored afterwards)."""
     kernels.set_int8(False)
     yield kernels
-    kernels.set_int8(build.int8_enabled())
+    kernels.set_int8(process_env.kernel_int8_enabled())
 
 
 def _rounded_x(x: np.ndarray) -> np.ndarray:
@@ -89,7 +90,7 @@ def test_int8_path_is_the_exact_product_of_rounded_x(
     full = x.astype(np.float64) @ w.T
     rms = np.sqrt(((got - full) ** 2).mean() / (full**2).mean())
     assert 1e-4 < rms < 1e-2  # rounded (not the float path), and close
-    kernels.set_int8(build.int8_enabled())
+    kernels.set_int8(process_env.kernel_int8_enabled())
 
 
 def test_rows_are_computed_independently_bit_for_bit(kernels: ModuleType) -> None:
@@ -365,16 +366,18 @@ def test_off_switch_falls_back_to_float32(tiny_gguf: Path, monkeypatch: pytest.M
     from mlxcel.engine.loading import load_model
 
     monkeypatch.setattr(build, "_state", {})
-    monkeypatch.setenv(build.KERNELS_ENV, "off")
+    monkeypatch.setenv(process_env.CPU_KERNELS, "off")
     loaded = load_model(str(tiny_gguf), cpu_dtype="auto")
     assert _count(loaded.model, KernelQuantizedLinear) == 0
     assert loaded.info.quantization.endswith("→ float32")
-    assert build.kernel_status() == f"mlxcel CPU kernels unavailable: off ({build.KERNELS_ENV})"
+    assert (
+        build.kernel_status() == f"mlxcel CPU kernels unavailable: off ({process_env.CPU_KERNELS})"
+    )
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(build, "_state", {})
-    monkeypatch.setenv(build.KERNEL_DIR_ENV, str(tmp_path / "kernels"))
+    monkeypatch.setenv(process_env.KERNEL_DIR, str(tmp_path / "kernels"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(build.KernelBuildError, match="no C\\+\\+ compiler"):
         build.build()
@@ -532,7 +535,7 @@ def test_fallback_instruction_sets(kernels: ModuleType, cflags: str, simd: str) 
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the instruction-set flags are x86 ones")
-    env = {**os.environ, build.CFLAGS_ENV: cflags}
+    env = {**os.environ, process_env.KERNEL_CFLAGS: cflags}
     done = subprocess.run(
         [sys.executable, "-c", _VARIANT_CHECK], env=env, capture_output=True, text=True
     )

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlxcel.config.process_env import LOOP_DETECTION
 from mlxcel.engine.text.loop_detection import (
     DEFAULT_LOOP,
-    LOOP_DETECTION_ENV,
     LoopDetector,
     LoopParams,
     parse_loop_env,
@@ -150,7 +150,7 @@ def test_request_values_win() -> None:
     ["maybe", "20,1", "20,1,4,5", "a,b,c", "max=x", "size=3", "max=3,max=4", "2,9,4", "-1,1,4"],
 )
 def test_malformed_env_names_the_variable(value: str) -> None:
-    with pytest.raises(ValueError, match=LOOP_DETECTION_ENV):
+    with pytest.raises(ValueError, match=LOOP_DETECTION):
         resolve_loop_params(env_value=value, model_family="gemma4")
-    with pytest.raises(ValueError, match=LOOP_DETECTION_ENV):
+    with pytest.raises(ValueError, match=LOOP_DETECTION):
         parse_loop_env(value)

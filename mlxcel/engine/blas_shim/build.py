@@ -25,12 +25,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlxcel.config import process_env
+
 WHEEL = "scipy-openblas32"
 PACKAGE = "scipy_openblas32"
 PREFIX = "scipy_"
 SOURCE = Path(__file__).with_name("forward.c")
 SHIM_NAME = "libmlxcel_blas_shim.so"
-KERNEL_DIR_ENV = "MLXCEL_KERNEL_DIR"
 _FLAGS = ("-shared", "-fPIC", "-O2")
 _SUPPORTED = ("x86_64", "AMD64", "aarch64", "arm64")
 
@@ -93,19 +94,9 @@ def build_key(library: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_root() -> Path:
-    """`$MLXCEL_KERNEL_DIR`, else `~/.cache/mlxcel/kernels` (shared with the CPU kernel)."""
-    env = os.environ.get(KERNEL_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "mlxcel" / "kernels"
-
-
 def shim_path(library: Path) -> Path:
     """Where the shim for this OpenBLAS and compiler is cached."""
-    return cache_root() / f"blas-shim-{build_key(library)}" / SHIM_NAME
+    return process_env.kernel_cache_dir() / f"blas-shim-{build_key(library)}" / SHIM_NAME
 
 
 def build(library: Path) -> Path:

@@ -27,12 +27,10 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from mlxcel.config import process_env
+
 log = logging.getLogger(__name__)
 
-KERNELS_ENV = "MLXCEL_CPU_KERNELS"
-KERNEL_DIR_ENV = "MLXCEL_KERNEL_DIR"
-CFLAGS_ENV = "MLXCEL_KERNEL_CFLAGS"  # extra compiler flags, e.g. "-mno-avx512f"
-INT8_ENV = "MLXCEL_KERNEL_INT8"  # off: no int8 tiles, float32 activations
 MODULE_NAME = "_mlxcel_cpu_kernels"
 SOURCE = Path(__file__).with_name("qmatmul.cpp")
 
@@ -44,22 +42,6 @@ _state: dict[str, object] = {}
 
 class KernelBuildError(RuntimeError):
     """The kernel could not be compiled or imported on this machine."""
-
-
-def kernels_enabled() -> bool:
-    """False when `MLXCEL_CPU_KERNELS` turns the kernels off."""
-    value = os.environ.get(KERNELS_ENV, "auto").strip().lower()
-    return value not in ("off", "0", "false", "no", "none")
-
-
-def kernel_root() -> Path:
-    """`$MLXCEL_KERNEL_DIR`, else `~/.cache/mlxcel/kernels`."""
-    env = os.environ.get(KERNEL_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "mlxcel" / "kernels"
 
 
 def _compiler() -> str | None:
@@ -78,7 +60,7 @@ def build_key() -> str:
     digest = hashlib.sha256(SOURCE.read_bytes())
     for part in (
         " ".join(_FLAGS),
-        os.environ.get(CFLAGS_ENV, ""),
+        process_env.kernel_cflags(),
         version("mlx"),
         version("nanobind"),
         sys.version,
@@ -105,7 +87,7 @@ def _cpu_flags() -> str:
 def module_path() -> Path:
     """Where the compiled module for the current key lives."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    return kernel_root() / build_key() / f"{MODULE_NAME}{suffix}"
+    return process_env.kernel_cache_dir() / build_key() / f"{MODULE_NAME}{suffix}"
 
 
 def build() -> Path:
@@ -135,7 +117,7 @@ def build() -> Path:
         flags = [*_FLAGS, *(f"-I{path}" for path in includes)]
         if platform.machine() in ("x86_64", "AMD64", "aarch64", "arm64"):
             flags.append("-march=native")
-        flags += os.environ.get(CFLAGS_ENV, "").split()
+        flags += process_env.kernel_cflags().split()
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             objects = []
             jobs = []
@@ -183,8 +165,8 @@ def load_kernels() -> ModuleType | None:
     if "module" in _state:
         return _state["module"]  # type: ignore[return-value]
     module: ModuleType | None = None
-    if not kernels_enabled():
-        _state["reason"] = f"off ({KERNELS_ENV})"
+    if not process_env.cpu_kernels_enabled():
+        _state["reason"] = f"off ({process_env.CPU_KERNELS})"
     else:
         try:
             path = module_path()
@@ -223,16 +205,7 @@ def _self_test(module: ModuleType) -> None:
                 ok = bool(mx.allclose(got, expected, rtol=1e-4, atol=1e-3).item())
             if not ok:
                 raise ValueError(f"self-test failed ({bits}-bit results differ from mlx)")
-    module.set_int8(int8_enabled())
-
-
-def int8_enabled() -> bool:
-    """False when `MLXCEL_KERNEL_INT8=off` keeps float32 activations (and MLX's layout for
-    every layer); by default, where the CPU has integer dot products (AVX-512 VNNI), 4/8-bit
-    layers are repacked into the kernel's int8 tiles and the others round 4-bit activations
-    to int8, prefill through a float32 copy included (the kernel's `round_int8`)."""
-    value = os.environ.get(INT8_ENV, "auto").strip().lower()
-    return value not in ("off", "0", "false", "no", "none")
+    module.set_int8(process_env.kernel_int8_enabled())
 
 
 def default_threads() -> int:
@@ -275,8 +248,8 @@ def main() -> int:
     """`python -m mlxcel.engine.cpu_kernels.build`: build now and say where it went."""
     import mlxcel.engine  # noqa: F401  (loads the BLAS before mlx.core)
 
-    if not kernels_enabled():
-        print(f"mlxcel CPU kernels: off ({KERNELS_ENV})")
+    if not process_env.cpu_kernels_enabled():
+        print(f"mlxcel CPU kernels: off ({process_env.CPU_KERNELS})")
         return 0
     try:
         path = build()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-LOOP_DETECTION_ENV = "MLXCEL_LOOP_DETECTION"
+from mlxcel.config import process_env
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def parse_loop_env(value: str, family_default: LoopParams | None = None) -> Loop
     except ValueError as exc:
         detail = f" ({exc})" if str(exc) else ""
         raise ValueError(
-            f"{LOOP_DETECTION_ENV}={value!r} is not 'off', 'on', 'MAX,MIN,COUNT' or "
+            f"{process_env.LOOP_DETECTION}={value!r} is not 'off', 'on', 'MAX,MIN,COUNT' or "
             f"'max=N,min=N,count=N'{detail}"
         ) from None
     return params if params.enabled else None
