@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STORE_ENV = "MLXCEL_MODEL_STORE"
+from mlxcel.config import process_env
+
 MANIFEST = "mlxcel.json"
 _HASHES = "hashes.json"
 _KEY_LENGTH = 12
@@ -47,8 +48,7 @@ class ModelStore:
     @staticmethod
     def default_root() -> Path:
         """`$MLXCEL_MODEL_STORE`, else `~/.cache/mlxcel/models`."""
-        env = os.environ.get(STORE_ENV)
-        return Path(env).expanduser() if env else Path.home() / ".cache" / "mlxcel" / "models"
+        return process_env.model_store() or Path.home() / ".cache" / "mlxcel" / "models"
 
     @classmethod
     def default(cls) -> ModelStore:
