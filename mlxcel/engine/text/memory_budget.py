@@ -20,13 +20,14 @@ import os
 import re
 import threading
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxcel.config.process_env import REQUEST_MEMORY_BUDGET, request_memory_budget
 from mlxcel.engine.errors import RequestMemoryBudgetError
 
-ENV_VAR = "MLXCEL_REQUEST_MEMORY_BUDGET"
 KV_STEP = 256  # mlx-lm's KVCache grows its buffers in steps of this many tokens
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
@@ -37,21 +38,20 @@ def parse_byte_size(text: str) -> int:
     """`12G`, `512M`, `1.5GiB`, `4096` -> bytes (binary units); ValueError unless > 0."""
     match = _SIZE.match(text or "")
     if match is None:
-        raise ValueError(f"{ENV_VAR}={text!r}: not a byte size (examples: 12G, 512M, 1073741824)")
+        raise ValueError(
+            f"{REQUEST_MEMORY_BUDGET}={text!r}: not a byte size (examples: 12G, 512M, 1073741824)"
+        )
     number, unit, _ = match.groups()
     value = int(float(number) * _UNITS[unit.lower()])
     if value <= 0:
-        raise ValueError(f"{ENV_VAR}={text!r}: the budget must be more than 0 bytes")
+        raise ValueError(f"{REQUEST_MEMORY_BUDGET}={text!r}: the budget must be more than 0 bytes")
     return value
 
 
-def configured_budget(environ: Any = None) -> int | None:
+def configured_budget(environ: Mapping[str, str] | None = None) -> int | None:
     """The budget `MLXCEL_REQUEST_MEMORY_BUDGET` sets (None: unset); ValueError if invalid."""
-    env = os.environ if environ is None else environ
-    text = env.get(ENV_VAR)
-    if text is None or text == "":
-        return None
-    return parse_byte_size(text)
+    text = request_memory_budget(environ)
+    return None if text is None else parse_byte_size(text)
 
 
 def device_memory_limit() -> int:
