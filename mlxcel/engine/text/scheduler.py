@@ -29,13 +29,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mlxcel.config import process_env
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel
 from mlxcel.engine.text.memory_budget import admit as admit_memory
@@ -198,7 +198,7 @@ class TextEngine(Sleeps):
         self._lane_job: _Job | None = None
         self._solo_mark: tuple[int, int, float] | None = None  # (uid, n_generated, time)
         if batched_sampling is None:
-            batched_sampling = os.environ.get("MLXCEL_BATCHED_SAMPLING", "1") != "0"
+            batched_sampling = process_env.batched_sampling()
         self.batched_sampling = batched_sampling
         self._batch_sampler: Any = None  # sampling.batched.BatchSampler (engine thread only)
         self._rows: Any = None  # batch_rows.BatchRows for the current generator
