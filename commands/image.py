@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from mlxcel.config import process_env
+
 from .common import PROFILE_OPTION, fail, resolve
 
 if TYPE_CHECKING:
     from mlxcel.engine.image import GeneratedPicture, ImageJob, ImageModel
 
-MODEL_ENV = "MLXCEL_IMAGE_MODEL"
+MODEL_ENV = process_env.IMAGE_MODEL
 
 
 def _read_images(paths: list[str]) -> list[bytes]:

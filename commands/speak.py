@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -12,12 +11,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from mlxcel.config import process_env
+
 from .common import fail
 
 if TYPE_CHECKING:
     from mlxcel.engine.audio.tts import KokoroModel
 
-MODEL_ENV = "MLXCEL_TTS_MODEL"
+MODEL_ENV = process_env.TTS_MODEL
 PLAYERS = (
     ("afplay",),
     ("pw-play",),
@@ -102,7 +103,7 @@ def speak(
         player = find_player()
         if player is None:
             fail("no audio player found (afplay, pw-play, paplay, aplay, ffplay); use -o out.wav")
-    ref = model or os.environ.get(MODEL_ENV) or None
+    ref = model or process_env.tts_model()
     if ref is None:
         fail(
             f"no text-to-speech model given: pass a Kokoro-82M directory with -m/--model "

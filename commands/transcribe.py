@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from mlxcel.config import process_env
 
 from .common import fail
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 FORMATS = ("text", "json", "verbose_json", "srt", "vtt")
 TASKS = ("transcribe", "translate")
-MODEL_ENV = "MLXCEL_AUDIO_MODEL"
+MODEL_ENV = process_env.AUDIO_MODEL
 PROGRESS_AFTER_SECONDS = 30.0  # a bar for anything longer than one Whisper window
 
 
@@ -176,7 +177,7 @@ def transcribe(
         fail(str(exc))
     inputs = _read_inputs(files)
     targets = _outputs(inputs, output, fmt)
-    whisper = _load(model or os.environ.get(MODEL_ENV) or None, quiet)
+    whisper = _load(model or process_env.audio_model(), quiet)
     options = TranscriptionOptions(
         language=language,
         task="translate" if task == "translate" else "transcribe",
