@@ -44,19 +44,21 @@ def vision_prompt(
 ) -> Any:
     """The rendered prompt with one placeholder per media item, and the decoded media.
 
-    The files are the user's own, read directly (the server's media policy is for what
+    The files are the user's own, read directly (the server's access policy is for what
     requests name); decoding is the same as the server's (bounded pictures, WAV to 16 kHz,
     video frames by ffmpeg). Raises ValueError (MediaError, PromptError) on bad input.
     """
+    from mlxcel.engine.media import (
+        MediaError,
+        MediaLimits,
+        decode_image,
+        decode_wav,
+        sample_frames,
+    )
     from mlxcel.engine.prompting import render_chat
     from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
-    from mlxcel.server.media import MediaPolicy
-    from mlxcel.server.media.audio import decode_wav
-    from mlxcel.server.media.errors import MediaError
-    from mlxcel.server.media.images import decode_image
-    from mlxcel.server.media.video import sample_frames
 
-    policy = MediaPolicy()
+    limits = MediaLimits()
     inputs = VisionInputs()
     parts: list[dict[str, Any]] = []
     kinds = loaded.modalities
@@ -66,14 +68,14 @@ def vision_prompt(
     if videos and audio and loaded.info.architecture != "gemma4_unified":
         raise MediaError("Combined video and audio inputs are not supported")
     for path in images:
-        inputs.images.append(decode_image(_read(path, "image"), policy.max_image_pixels))
+        inputs.images.append(decode_image(_read(path, "image"), limits.max_image_pixels))
         parts.append({"type": "image"})
     for path in videos:
         frames = sample_frames(
             _read(path, "video"),
             max_frames=video_max_frames,
             fps=2.0,
-            max_pixels=policy.max_image_pixels,
+            max_pixels=limits.max_image_pixels,
         )
         if loaded.native_video:
             inputs.videos.append(frames)

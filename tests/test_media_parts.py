@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlxcel.engine.media import video as video_module
+from mlxcel.engine.media.audio import decode_wav
 from mlxcel.server.media import MediaError, MediaPolicy
-from mlxcel.server.media import video as video_module
-from mlxcel.server.media.audio import decode_wav
 from mlxcel.server.media.parts import ModelMedia, collect_media, has_media
 
 VISION = ModelMedia(frozenset({"text", "image", "video"}), native_video=False, video_max_frames=4)

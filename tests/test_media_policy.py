@@ -21,11 +21,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from mlxcel.engine.media.images import decode_image
+from mlxcel.engine.media.staging import staged_file
 from mlxcel.server.media import MediaError, MediaPolicy, load_media
 from mlxcel.server.media.addresses import is_public_address, parse_address
-from mlxcel.server.media.images import decode_image
 from mlxcel.server.media.policy import parse_video_allowlist
-from mlxcel.server.media.staging import staged_file
 
 PUBLIC_STAND_IN = ipaddress.ip_address("127.0.0.1")
 

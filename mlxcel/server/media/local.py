@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from mlxcel.server.media.errors import MediaError
+from mlxcel.engine.media.errors import MediaError
 
 
 def _inside(path: str, root: Path) -> bool:

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxcel.engine.errors import InvalidRequestError
+from mlxcel.engine.media.audio import decode_wav
+from mlxcel.engine.media.errors import MediaError
+from mlxcel.engine.media.images import decode_image
+from mlxcel.engine.media.video import sample_frames
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
-from mlxcel.server.media.audio import decode_wav
-from mlxcel.server.media.errors import MediaError
-from mlxcel.server.media.images import decode_image
 from mlxcel.server.media.offload import off_loop
 from mlxcel.server.media.policy import MediaPolicy
 from mlxcel.server.media.sources import load_media
-from mlxcel.server.media.video import sample_frames
 
 _KINDS = {
     "image_url": "image",

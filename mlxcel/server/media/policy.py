@@ -9,17 +9,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlxcel.config import process_env
+from mlxcel.engine.media.limits import MediaLimits
 from mlxcel.server.media.addresses import AddressPredicate, is_public_address
 
 log = logging.getLogger("mlxcel.media")
 
-ALLOW_PRIVATE_ENV = "MLXCEL_ALLOW_PRIVATE_MEDIA_URLS"
-VIDEO_ALLOWLIST_ENV = "MLXCEL_VIDEO_DIR_ALLOWLIST"
-
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """(host, port) -> the addresses it resolves to, as text."""
-
-MiB = 1024 * 1024
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -44,6 +41,7 @@ def parse_video_allowlist(value: str | None) -> tuple[Path, ...]:
     """
     if not value:
         return ()
+    name = process_env.VIDEO_DIR_ALLOWLIST
     dirs: list[Path] = []
     for raw in value.split(","):
         entry = raw.strip()
@@ -51,11 +49,11 @@ def parse_video_allowlist(value: str | None) -> tuple[Path, ...]:
             continue
         path = Path(entry)
         if not path.is_absolute():
-            log.warning("%s: %r is not an absolute path; ignored", VIDEO_ALLOWLIST_ENV, entry)
+            log.warning("%s: %r is not an absolute path; ignored", name, entry)
             continue
         real = Path(os.path.realpath(path))
         if not real.is_dir():
-            log.warning("%s: %r is not an existing directory; ignored", VIDEO_ALLOWLIST_ENV, entry)
+            log.warning("%s: %r is not an existing directory; ignored", name, entry)
             continue
         if real not in dirs:
             dirs.append(real)
@@ -63,7 +61,7 @@ def parse_video_allowlist(value: str | None) -> tuple[Path, ...]:
 
 
 @dataclass(frozen=True)
-class MediaPolicy:
+class MediaPolicy(MediaLimits):
     """What media a request may name, and the caps on fetching and decoding it."""
 
     media_root: Path | None = None
@@ -72,10 +70,6 @@ class MediaPolicy:
     """`MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1`: lifts only the non-public-address rule."""
     video_dirs: tuple[Path, ...] = ()
     """`MLXCEL_VIDEO_DIR_ALLOWLIST`, read once at start: local video only under these."""
-    max_image_bytes: int = 20 * MiB
-    max_audio_bytes: int = 25 * MiB
-    max_video_bytes: int = 200 * MiB
-    max_image_pixels: int = 50_000_000
     timeout_s: float = 30.0
     max_redirects: int = 5
     is_public: AddressPredicate = is_public_address
@@ -86,18 +80,9 @@ class MediaPolicy:
         cls, media_path: str | None, environ: Mapping[str, str] | None = None
     ) -> MediaPolicy:
         """The policy for a server started with `--media-path` and the process environment."""
-        env = os.environ if environ is None else environ
         root = Path(os.path.realpath(media_path)) if media_path else None
         return cls(
             media_root=root,
-            allow_private_urls=env.get(ALLOW_PRIVATE_ENV) == "1",
-            video_dirs=parse_video_allowlist(env.get(VIDEO_ALLOWLIST_ENV)),
+            allow_private_urls=process_env.allow_private_media_urls(environ),
+            video_dirs=parse_video_allowlist(process_env.video_dir_allowlist(environ)),
         )
-
-    def max_bytes(self, kind: str) -> int:
-        """The size cap for one media item of `kind` (image, audio, video)."""
-        return {
-            "image": self.max_image_bytes,
-            "audio": self.max_audio_bytes,
-            "video": self.max_video_bytes,
-        }[kind]

@@ -16,8 +16,8 @@ import time
 
 import httpx
 
+from mlxcel.engine.media.errors import MediaError
 from mlxcel.server.media.addresses import parse_address
-from mlxcel.server.media.errors import MediaError
 from mlxcel.server.media.policy import MediaPolicy
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})

@@ -8,10 +8,11 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Literal
 
-from mlxcel.server.media.errors import MediaError
+from mlxcel.config import process_env
+from mlxcel.engine.media.errors import MediaError
 from mlxcel.server.media.local import read_local_file
 from mlxcel.server.media.offload import off_loop
-from mlxcel.server.media.policy import VIDEO_ALLOWLIST_ENV, MediaPolicy
+from mlxcel.server.media.policy import MediaPolicy
 from mlxcel.server.media.remote import fetch_url
 
 MediaKind = Literal["image", "audio", "video"]
@@ -69,7 +70,7 @@ def _local_roots(kind: MediaKind, policy: MediaPolicy, what: str) -> tuple:
         if not policy.video_dirs:
             raise MediaError(
                 f"local {what} paths are disabled; list the allowed directories in "
-                f"{VIDEO_ALLOWLIST_ENV} and restart the server"
+                f"{process_env.VIDEO_DIR_ALLOWLIST} and restart the server"
             )
         return policy.video_dirs
     if policy.media_root is None:

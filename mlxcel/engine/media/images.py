@@ -6,7 +6,7 @@ import io
 import warnings
 from typing import Any
 
-from mlxcel.server.media.errors import MediaError
+from mlxcel.engine.media.errors import MediaError
 
 
 def decode_image(data: bytes, max_pixels: int) -> Any:

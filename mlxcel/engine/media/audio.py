@@ -6,7 +6,7 @@ import io
 import wave
 from typing import Any
 
-from mlxcel.server.media.errors import MediaError
+from mlxcel.engine.media.errors import MediaError
 
 TARGET_RATE = 16_000
 _DTYPES = {1: "u1", 2: "<i2", 4: "<i4"}

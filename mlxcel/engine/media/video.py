@@ -1,4 +1,4 @@
-"""Sampling frames of a video with ffmpeg, from a file the server staged itself.
+"""Sampling frames of a video with ffmpeg, from a file staged here (never a path a user named).
 
 ffmpeg reads only that file, with the demuxer of its sniffed container (`ffmpeg_input`): a
 playlist, manifest or any container outside the allowlist is refused before ffmpeg runs.
@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.engine.ffmpeg_input import VIDEO_CONTAINERS, find_ffmpeg, input_args, sniff_container
-from mlxcel.server.media.errors import MediaError
-from mlxcel.server.media.images import decode_image
-from mlxcel.server.media.staging import staged_file
+from mlxcel.engine.media.errors import MediaError
+from mlxcel.engine.media.images import decode_image
+from mlxcel.engine.media.staging import staged_file
 
 _MAX_EXTRACTED = 2000
 
