@@ -11,16 +11,15 @@ engine.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mlxcel.engine.errors import EngineError, ModelLoadError, QueueFullError
+from mlxcel.engine.workers import live_workers
 from mlxcel.engine.workers.errors import (
     WorkerCrashedError,
     WorkerStoppedError,
@@ -42,14 +41,6 @@ DEFAULT_AUDIO_QUEUE_DEPTH = 8
 DEFAULT_AUDIO_TIMEOUT = 600.0
 
 T = TypeVar("T")
-
-_LIVE: weakref.WeakSet[AudioWorker] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_live_workers() -> None:
-    for worker in list(_LIVE):
-        worker.stop(timeout=10.0)
 
 
 class AudioUnavailableError(EngineError):
@@ -158,7 +149,7 @@ class AudioWorker:
             self._load_error = None
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
-            _LIVE.add(self)
+            live_workers.track(self)
         if wait:
             self.wait_ready()
         return self
@@ -179,7 +170,7 @@ class AudioWorker:
         if self._thread is not None:
             self._thread.join(timeout)
         self._queue.drain(WorkerStoppedError(f"{self.name} stopped"))
-        _LIVE.discard(self)
+        live_workers.untrack(self)
 
     # --- what the routes ask ---------------------------------------------------------
 

@@ -9,12 +9,10 @@ touching MLX. The worker has its own MLX stream and thread: it never blocks the 
 
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable, Hashable, Sequence, Sized
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from typing import Any
 
 from mlxcel.engine.embeddings.embedder import plan_batches
 from mlxcel.engine.errors import QueueFullError
+from mlxcel.engine.workers import live_workers
 from mlxcel.engine.workers.errors import (
     WorkerCrashedError,
     WorkerStoppedError,
@@ -33,16 +32,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_QUEUE_DEPTH = 64
-
-
-_LIVE: weakref.WeakSet[BatchWorker] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_live_workers() -> None:
-    """Stop running workers before the interpreter shuts down (see `BatchWorker._run`)."""
-    for worker in list(_LIVE):
-        worker.stop(timeout=10.0)
 
 
 @dataclass
@@ -113,7 +102,7 @@ class BatchWorker:
             self._stopping.clear()
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
-            _LIVE.add(self)
+            live_workers.track(self)
         return self
 
     def stop(self, timeout: float | None = 5.0) -> None:
@@ -123,7 +112,7 @@ class BatchWorker:
         if self._thread is not None:
             self._thread.join(timeout)
         self._queue.drain(WorkerStoppedError(f"{self.name} stopped"))
-        _LIVE.discard(self)
+        live_workers.untrack(self)
 
     def submit(self, job: Job) -> Future[Any]:
         """Queue `job`; QueueFullError at once when `queue_depth` jobs still wanted wait."""
