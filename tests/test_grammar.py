@@ -381,7 +381,10 @@ class _SlowTokenizerStandIn:
     eos_token_ids = frozenset({1})
 
     def __init__(self) -> None:
+        from mlxcel.engine.grammar.base import GrammarBackends
+
         self.hf = type("SentencePieceTokenizer", (), {})()
+        self.grammar_backends = GrammarBackends(self)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from mlxcel.engine.grammar.base import GrammarBackends
 from mlxcel.engine.text.detokenizer import IncrementalDetokenizer
 
 # How many prompt tokens seed a detokenizer, so the first generated token decodes in context.
@@ -41,6 +42,7 @@ class Tokenizer:
             chat_template if chat_template is not None else _template_of(hf_tokenizer)
         )
         self.vocab_size: int = len(hf_tokenizer)
+        self.grammar_backends = GrammarBackends(self)  # built at their first use
 
     def encode(self, text: str, *, add_special: bool = True) -> list[int]:
         """Token ids of `text`; `add_special` adds BOS/EOS the way the model wants them."""

@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import json
 import threading
-import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mlxcel.engine.errors import EngineError, InvalidRequestError
 from mlxcel.engine.grammar.limits import DEFAULT_LIMITS, SchemaLimits, canonical_schema
 from mlxcel.engine.grammar.strict import llama_cpp_schema
+
+if TYPE_CHECKING:
+    from mlxcel.engine.tokenizer import Tokenizer
 
 BACKENDS = ("llguidance", "xgrammar")
 DEFAULT_BACKEND = "llguidance"
@@ -246,34 +248,41 @@ def check_backend_available(name: str) -> None:
         )
 
 
-_BACKENDS: weakref.WeakKeyDictionary[Any, dict[str, GrammarBackend | InvalidRequestError]] = (
-    weakref.WeakKeyDictionary()
-)
-_BACKENDS_LOCK = threading.Lock()
+class GrammarBackends:
+    """One tokenizer's grammar backends (held by its `Tokenizer`), each built at its first
+    use and kept: building one converts the whole vocabulary (about 2 s for a 49k-token
+    vocabulary on a small CPU). A tokenizer a backend cannot drive is remembered too."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._lock = threading.Lock()
+        self._built: dict[str, GrammarBackend | InvalidRequestError] = {}
+
+    def get(self, name: str) -> GrammarBackend:
+        """The backend `name`; `UnsupportedTokenizer` (HTTP 400) or
+        `GrammarBackendUnavailable` when there is none."""
+        with self._lock:
+            found = self._built.get(name)
+            if found is None:
+                try:
+                    found = _new_backend(name, self._tokenizer)
+                except UnsupportedTokenizer as exc:
+                    found = exc
+                self._built[name] = found
+        if isinstance(found, InvalidRequestError):
+            raise type(found)(str(found))
+        return found
 
 
-def get_grammar_backend(name: str, tokenizer: Any) -> GrammarBackend:
-    """The backend `name` for `tokenizer` (an `mlxcel.engine.tokenizer.Tokenizer`), built once.
+def get_grammar_backend(name: str, tokenizer: Tokenizer) -> GrammarBackend:
+    """The backend `name` for `tokenizer`, built once (`Tokenizer.grammar_backends`).
 
-    Building one converts the whole vocabulary (about 2 s for a 49k-token vocabulary on a
-    small CPU), so it is cached per tokenizer; an unsupported tokenizer is remembered too.
     Raises `UnsupportedTokenizer` (HTTP 400) or `GrammarBackendUnavailable`.
     """
-    with _BACKENDS_LOCK:
-        per_tokenizer = _BACKENDS.setdefault(tokenizer, {})
-        found = per_tokenizer.get(name)
-        if found is None:
-            try:
-                found = _new_backend(name, tokenizer)
-            except UnsupportedTokenizer as exc:
-                found = exc
-            per_tokenizer[name] = found
-    if isinstance(found, InvalidRequestError):
-        raise type(found)(str(found))
-    return found
+    return tokenizer.grammar_backends.get(name)
 
 
-def _new_backend(name: str, tokenizer: Any) -> GrammarBackend:
+def _new_backend(name: str, tokenizer: Tokenizer) -> GrammarBackend:
     if name == "llguidance":
         from mlxcel.engine.grammar.llguidance_backend import LLGuidanceBackend
 
