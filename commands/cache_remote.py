@@ -7,12 +7,14 @@ from typing import Any
 
 import typer
 
+from mlxcel.config import process_env
+
 from .common import fail
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 URL_OPTION = typer.Option(
-    DEFAULT_URL, "--url", envvar="MLXCEL_URL", help="Base URL of the running server."
+    DEFAULT_URL, "--url", envvar=process_env.SERVER_URL, help="Base URL of the running server."
 )
 API_KEY_OPTION = typer.Option(
     None,

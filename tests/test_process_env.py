@@ -88,7 +88,7 @@ def test_media_and_budget_read_a_given_mapping() -> None:
 
 
 def test_no_mlxcel_variable_is_read_outside_config() -> None:
-    read = re.compile(r"""(environ|getenv)\b[^\n]*["']MLXCEL_|["']MLXCEL_\w+["']\)""")
+    read = re.compile(r"""(\b(environ|getenv)\b|envvar=)[^\n]*["']MLXCEL_|["']MLXCEL_\w+["']\)""")
     offenders = [
         f"{path.relative_to(REPO)}:{number}"
         for root in ("mlxcel", "commands")

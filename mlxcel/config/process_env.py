@@ -38,6 +38,8 @@ VIDEO_DIR_ALLOWLIST = "MLXCEL_VIDEO_DIR_ALLOWLIST"
 """Comma-separated absolute directories local video may be read from."""
 REQUEST_MEMORY_BUDGET = "MLXCEL_REQUEST_MEMORY_BUDGET"
 """A byte size (`12G`, `512M`) lowering the memory requests may claim."""
+SERVER_URL = "MLXCEL_URL"
+"""`mlxcel cache stats|reset`'s server (`--url`; typer reads it)."""
 # The variables of settings fields (`MLXCEL_<FIELD>`), read here where no settings are resolved.
 MODEL_STORE = "MLXCEL_MODEL_STORE"
 """The converted-model store (the `model_store` setting)."""
