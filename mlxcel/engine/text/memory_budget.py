@@ -20,7 +20,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +183,33 @@ class MemoryAdmission:
         if estimated > self.budget:
             raise RequestMemoryBudgetError(estimated, self.budget)
         return estimated
+
+
+class AdmissionControl:
+    """An engine's memory admission, held by the engine: the model's shapes are read at its
+    first request (or before it sleeps) and kept, also while the model is unloaded.
+
+    `model` gives the engine's network now. A vision-language model (mlx-vlm) is estimated
+    from its language model, whose KV cache and activations grow with the context; its
+    vision tower's memory is not counted."""
+
+    def __init__(self, model: Callable[[], Any]) -> None:
+        self._model = model
+        self._lock = threading.Lock()
+        self._admission: MemoryAdmission | None = None
+
+    def admission(self) -> MemoryAdmission:
+        """The admission of the engine's model (built at the first call, then kept)."""
+        with self._lock:
+            if self._admission is None:
+                model = self._model()
+                self._admission = MemoryAdmission(getattr(model, "language_model", None) or model)
+            return self._admission
+
+    def admit(self, n_prompt: int, max_new: int, chunk: int | None = None) -> None:
+        """Refuse (RequestMemoryBudgetError) a request that would not fit in memory; `chunk`:
+        the engine's prefill chunk (None: it runs the whole prompt at once)."""
+        self.admission().check(n_prompt, max_new, chunk or max(1, n_prompt))
 
 
 _admissions: weakref.WeakKeyDictionary[Any, MemoryAdmission] = weakref.WeakKeyDictionary()
