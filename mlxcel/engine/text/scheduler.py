@@ -38,7 +38,7 @@ from typing import Any
 from mlxcel.config import process_env
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel
-from mlxcel.engine.text.memory_budget import admit as admit_memory
+from mlxcel.engine.text.memory_budget import AdmissionControl
 from mlxcel.engine.text.request import (
     GenerationEvent,
     GenerationRequest,
@@ -175,6 +175,7 @@ class TextEngine(Sleeps):
         self.max_queue_depth = max_queue_depth
         self.prompt_cache = prompt_cache
         self.counters = EngineCounters()
+        self.memory = AdmissionControl(lambda: self.loaded.model)
         self._cond = threading.Condition()
         self._pending: list[tuple[int, int, _Job]] = []
         self._seq = itertools.count()
@@ -230,7 +231,7 @@ class TextEngine(Sleeps):
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         """Queue `request`; its events go to `sink` (called on the engine thread)."""
         budget = self.check(request)
-        admit_memory(self, len(request.prompt_tokens), budget)  # RequestMemoryBudgetError
+        self.memory.admit(len(request.prompt_tokens), budget, self.prefill_chunk)
         job = _Job(request=request, sink=sink, max_tokens=budget)
         job.flush = getattr(sink, "flush", None)
         with self._cond:
