@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
-from mlxcel.engine.text.memory_budget import admit as admit_memory
+from mlxcel.engine.text.memory_budget import AdmissionControl
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings, TokenLogprob
 from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, EventSink, SlotState
 from mlxcel.engine.text.sleep import (
@@ -81,6 +81,7 @@ class VisionEngine(Sleeps):
         self.max_queue_depth = max_queue_depth
         self.max_images = max_images
         self.counters = EngineCounters()
+        self.memory = AdmissionControl(lambda: self.loaded.model)
         self._cond = threading.Condition()
         self._pending: list[tuple[int, int, _Job]] = []
         self._seq = itertools.count()
@@ -187,7 +188,7 @@ class VisionEngine(Sleeps):
         prepared = self.prepare(media)
         request.prompt_tokens = list(prepared.tokens)
         budget = self.check(request)
-        admit_memory(self, len(request.prompt_tokens), budget)  # RequestMemoryBudgetError
+        self.memory.admit(len(request.prompt_tokens), budget)  # RequestMemoryBudgetError
         job = _Job(request=request, sink=sink, prepared=prepared, max_tokens=budget)
         with self._cond:
             if self._stopping:
