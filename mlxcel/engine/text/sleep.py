@@ -28,9 +28,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxcel.engine.text.speculative import SpeculationConfig
+
+if TYPE_CHECKING:
+    from mlxcel.engine.text.memory_budget import AdmissionControl
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +113,11 @@ class IdleSleep:
 
 class Sleeps:
     """`sleeping` and `wake()` for an engine with `_sleep` (IdleSleep | None), its lock
-    `_cond` and `start()`."""
+    `_cond`, its memory admission `memory` and `start()`."""
 
     _sleep: IdleSleep | None
     _cond: threading.Condition
+    memory: AdmissionControl
 
     def start(self) -> Any:
         raise NotImplementedError
@@ -152,11 +156,9 @@ class Sleeps:
     def _before_unload(self) -> MemoryUse:
         """Engine thread, about to drop the network: keep the memory admission's shapes
         (estimated from the network) and note the memory in use."""
-        from mlxcel.engine.text.memory_budget import admission_for
-
         before = memory_now()
         try:
-            admission_for(self)
+            self.memory.admission()
         except Exception:  # noqa: BLE001 - then it is estimated again after the wake-up
             log.exception("memory admission before sleeping failed")
         return before
