@@ -19,7 +19,6 @@ import math
 import os
 import re
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,29 +209,3 @@ class AdmissionControl:
         """Refuse (RequestMemoryBudgetError) a request that would not fit in memory; `chunk`:
         the engine's prefill chunk (None: it runs the whole prompt at once)."""
         self.admission().check(n_prompt, max_new, chunk or max(1, n_prompt))
-
-
-_admissions: weakref.WeakKeyDictionary[Any, MemoryAdmission] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def admission_for(engine: Any) -> MemoryAdmission:
-    """The admission control of an engine (built at its first request, then kept).
-
-    A vision-language model (mlx-vlm) is estimated from its language model, whose KV cache
-    and activations grow with the context; its vision tower's memory is not counted."""
-    with _lock:
-        admission = _admissions.get(engine)
-        if admission is None:
-            model = engine.loaded.model
-            model = getattr(model, "language_model", None) or model
-            admission = _admissions[engine] = MemoryAdmission(model)
-        return admission
-
-
-def admit(engine: Any, n_prompt: int, max_new: int) -> None:
-    """Refuse (RequestMemoryBudgetError) a request of `engine` that would not fit in memory.
-
-    An engine without chunked prefill (`prefill_chunk`) runs the whole prompt at once."""
-    chunk = getattr(engine, "prefill_chunk", None) or max(1, n_prompt)
-    admission_for(engine).check(n_prompt, max_new, chunk)
