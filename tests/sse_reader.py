@@ -8,7 +8,7 @@ it would fail a streaming client.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,3 +84,16 @@ def sse_stream_json(response: httpx.Response, *, done: bool) -> list[Any]:
     assert all(e.raw == f"data: {e.data}" for e in events), response.text
     assert (events[-1].data == DONE) is done
     return [e.json() for e in (events[:-1] if done else events)]
+
+
+async def aiter_sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of an SSE body, split on LF only (as the SSE spec says; httpx's own
+    `aiter_lines` also splits inside JSON strings, at U+2028, U+0085 and the like)."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8")
+    if pending:
+        yield pending.decode("utf-8")

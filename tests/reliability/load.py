@@ -13,9 +13,15 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+TESTS = Path(__file__).resolve().parents[1]
+if str(TESTS) not in sys.path:  # run as a script: sse_reader is in tests/
+    sys.path.insert(0, str(TESTS))
+from sse_reader import DONE, aiter_sse_lines, sse_data  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 
@@ -70,19 +76,6 @@ def chat_body(rng: random.Random, stream: bool = True) -> dict[str, Any]:
     }
 
 
-async def sse_lines(response: httpx.Response) -> Any:
-    """The lines of an SSE body, split on LF only (as the SSE spec says; httpx's own
-    `aiter_lines` also splits inside JSON strings, at U+2028, U+0085 and the like)."""
-    pending = b""
-    async for chunk in response.aiter_bytes():
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            yield line.rstrip(b"\r").decode("utf-8")
-    if pending:
-        yield pending.decode("utf-8")
-
-
 async def one_stream(
     client: httpx.AsyncClient, body: dict[str, Any], report: LoadReport
 ) -> str | None:
@@ -105,11 +98,11 @@ async def one_stream(
         if response.status_code != 200:
             report.unexpected.append(f"{response.status_code} {(await response.aread())[:200]!r}")
             return None
-        async for line in sse_lines(response):
-            if not line.startswith("data: "):
+        async for line in aiter_sse_lines(response):
+            data = sse_data(line)
+            if data is None:
                 continue
-            data = line[6:]
-            if data == "[DONE]":
+            if data == DONE:
                 done = True
                 break
             chunk = json.loads(data)
