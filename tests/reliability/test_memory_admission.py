@@ -17,6 +17,7 @@ from sse_reader import DONE, sse_payloads
 from mlxcel.engine.errors import RequestMemoryBudgetError
 from mlxcel.engine.loading import load_model
 from mlxcel.engine.text.memory_budget import (
+    AdmissionControl,
     MemoryAdmission,
     configured_budget,
     estimate_request_bytes,
@@ -54,6 +55,29 @@ def test_estimate_follows_the_model_shapes_and_the_context(tiny_llama_dir: Path)
         admission.check(10, 2000, 512)
     assert caught.value.estimated_bytes == long
     assert caught.value.budget_bytes == parse_byte_size(BUDGET)
+
+
+def test_an_engine_reads_its_model_shapes_once_and_keeps_them_while_it_sleeps(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLXCEL_REQUEST_MEMORY_BUDGET", BUDGET)
+    model = load_model(str(tiny_llama_dir)).model
+    reads: list[object] = []
+
+    def current() -> object:  # the engine's network: unloaded (None) after the first read
+        reads.append(model)
+        return model if len(reads) == 1 else None
+
+    control = AdmissionControl(current)
+    control.admit(10, 10, 512)
+    first = control.admission()
+    control.admit(10, 10)  # asleep: the kept shapes answer; no chunk: the whole prompt
+    with pytest.raises(RequestMemoryBudgetError):
+        control.admit(10, 2000, 512)
+    assert control.admission() is first and len(reads) == 1
+    assert first.budget <= parse_byte_size(BUDGET)
+    vision = type("VisionLanguageModel", (), {"language_model": model})()
+    assert AdmissionControl(lambda: vision).admission().shapes == first.shapes
 
 
 @pytest.fixture(scope="module")
