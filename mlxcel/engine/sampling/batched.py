@@ -50,6 +50,9 @@ from mlxcel.engine.sampling.stages import (
     truncated_top,
 )
 from mlxcel.engine.sampling.truncation import (
+    COIN_KEYS,
+    DRAW_KEYS,
+    NEXT_KEYS,
     Candidates,
     ChainSettings,
     adaptive_reshape,
@@ -58,6 +61,7 @@ from mlxcel.engine.sampling.truncation import (
     draw,
     initial_key,
     initial_mu,
+    key_part,
     mirostat_truncate,
     split_keys,
     truncate,
@@ -203,12 +207,13 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
     # One member draws with its own key for every row (a request's own sampler may get
     # several rows); several draw with a key per row.
     keys = members[0].key if len(members) == 1 else mx.stack([m.key for m in members])  # type: ignore[misc]
-    next_keys, coin_keys, draw_keys = split_keys(keys)  # type: ignore[arg-type]
+    split = split_keys(keys)  # type: ignore[arg-type]
     if len(members) == 1:
-        members[0].key = next_keys
-    else:
+        members[0].key = split[NEXT_KEYS]
+    else:  # each row's own slice (a slice per row, not a gather of the column)
         for i, member in enumerate(members):
-            member.key = next_keys[i]
+            member.key = split[i, NEXT_KEYS]
+    draw_keys = key_part(split, DRAW_KEYS)
     kind, k = group.candidates
     if kind == "mirostat":
         mu = mx.stack([m.mu for m in members])  # type: ignore[misc]
@@ -221,6 +226,7 @@ def _sample_group(group: _Group, logprobs: mx.array) -> mx.array:
             member.mu = new_mu[i]
         # Mirostat 1 sorts; 2 is a threshold in vocabulary order.
         return _drawn(group, kept, ids, choice, ordered=k == 1)
+    coin_keys = key_part(split, COIN_KEYS) if settings.flips_coins else None
     vals, idx = truncate(settings, group.candidates, rows, coin_keys)
     if not settings.uses("adaptive"):
         ordered = idx is not None and not settings.reorders

@@ -118,7 +118,7 @@ def _column(values: Sequence[float | bool], dtype: mx.Dtype) -> mx.array:
 class ChainSettings:
     """The per-row settings of a batch of sampling (not greedy) rows, as `[G, 1]` columns."""
 
-    __slots__ = ("inv_temperature", "stages", "xtc_always")
+    __slots__ = ("flips_coins", "inv_temperature", "reorders", "stages", "xtc_always")
 
     def __init__(self, params: Sequence[SamplingParams]) -> None:
         self.inv_temperature = _column([1.0 / p.temperature for p in params], mx.float32)
@@ -137,6 +137,10 @@ class ChainSettings:
             self.stages[name] = (columns, None if all(uses) else _column(uses, mx.bool_))
         # Every XTC row always applies it: no coin to flip.
         self.xtc_always = all(p.xtc_probability >= 1 for p in params if p.xtc_probability > 0)
+        # XTC draws a coin per row (some row applies it with a probability below 1).
+        self.flips_coins = "xtc" in self.stages and not self.xtc_always
+        # A stage in use leaves the candidates out of most-probable-first order.
+        self.reorders = any(name in self.stages for name in _REORDERING)
 
     def uses(self, name: str) -> bool:
         """Whether any row uses stage `name`."""
@@ -145,11 +149,6 @@ class ChainSettings:
     def values(self, name: str) -> tuple[mx.array, ...]:
         """Stage `name`'s value columns (the stage must be in use)."""
         return self.stages[name][0]
-
-    @property
-    def reorders(self) -> bool:
-        """Whether a stage in use leaves the candidates out of most-probable-first order."""
-        return any(name in self.stages for name in _REORDERING)
 
     def apply(
         self,
@@ -161,9 +160,10 @@ class ChainSettings:
         """`stage(vals, *columns)` for the rows using stage `name`; the other rows get
         `otherwise` (default: `vals` unchanged)."""
         rest = vals if otherwise is None else otherwise
-        if name not in self.stages:
+        stage_columns = self.stages.get(name)
+        if stage_columns is None:
             return rest
-        columns, uses = self.stages[name]
+        columns, uses = stage_columns
         staged = stage(vals, *columns)
         return staged if uses is None else mx.where(uses, staged, rest)
 
@@ -189,7 +189,7 @@ def truncate(
     vals = settings.apply("min_p", vals, mask_min_p)
     if settings.uses("xtc"):
         apply = None
-        if not settings.xtc_always:
+        if settings.flips_coins:
             apply = coins(coin_keys, vals.shape[0]) < settings.values("xtc")[0]
         vals = settings.apply("xtc", vals, lambda v, _, threshold: mask_xtc(v, threshold, apply))
     fixed = vals * settings.inv_temperature
@@ -236,11 +236,19 @@ def initial_key(seed: int | None) -> mx.array:
     return mx.random.key(seed & 0xFFFF_FFFF_FFFF_FFFF)
 
 
-def split_keys(keys: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    """One step's keys from `keys`: (the next step's keys, XTC's coin keys, the draw keys),
-    each shaped as `keys`. Per row, the same split as a lone key's."""
-    split = mx.random.split(keys, 3) if keys.ndim == 1 else _split3(keys)
-    return split[..., 0, :], split[..., 1, :], split[..., 2, :]
+NEXT_KEYS, COIN_KEYS, DRAW_KEYS = 0, 1, 2  # the parts of a step's split keys
+
+
+def split_keys(keys: mx.array) -> mx.array:
+    """One step's keys from `keys` ([2] or [G, 2]): [3, 2] or [G, 3, 2], read with
+    `key_part` (the next step's keys, XTC's coin keys, the draw keys). Per row, the same
+    split as a lone key's."""
+    return mx.random.split(keys, 3) if keys.ndim == 1 else _split3(keys)
+
+
+def key_part(split: mx.array, part: int) -> mx.array:
+    """Part `part` (`NEXT_KEYS`, `COIN_KEYS` or `DRAW_KEYS`) of `split_keys`' keys."""
+    return split[part] if split.ndim == 2 else split[:, part]
 
 
 def coins(keys: mx.array | None, rows: int) -> mx.array:
