@@ -1,10 +1,11 @@
 """One sampler for a whole decode batch: every row's settings as arrays in one graph.
 
-mlx-lm's `BatchGenerator` samples a batch in one call only when every row holds the same
-sampler object; otherwise it calls each row's sampler on its own one-row slice (one small
-graph per request per step). `BatchSampler` is that one shared object: before each call
-the engine queues the rows the call will see (`expect`), and the sampler runs the sampling
-chain (`truncation`) with each row's settings as columns.
+mlx-lm's batch classes (under the engine's `DecodeBatch`) sample a batch in one call only
+when every row holds the same sampler object; otherwise they call each row's sampler on
+its own one-row slice (one small graph per request per step). `BatchSampler` is that one
+shared object: before each call `DecodeBatch` names the rows the call will see and the
+engine queues them (`expect`); the sampler runs the sampling chain (`truncation`) with each
+row's settings as columns.
 
 Rows are grouped by how their candidates are found (greedy; the top k for one k; the whole
 vocabulary sorted; the whole vocabulary in its own order; Mirostat), and each group is one
@@ -271,10 +272,10 @@ def _keep_post(group: _Group, batch: _PostBatch) -> None:
 class BatchSampler:
     """`sampler(logprobs[B, V]) -> tokens[B]` for a batch of rows with their own settings.
 
-    Give the same instance to every sequence of a `BatchGenerator`; before each call the
-    generator will make, queue that call's rows in batch order with `expect`. A call whose
-    batch size differs from the rows queued for it (or with none queued) raises
-    `BatchRowsError`: the engine's view of the batch moved from the generator's.
+    Give the same instance to every sequence of a `DecodeBatch`; before each call it will
+    make, queue that call's rows in batch order with `expect` (its `before_sampling`). A
+    call whose batch size differs from the rows queued for it (or with none queued) raises
+    `BatchRowsError`: an engine bug, the rows named and the rows sampled differ.
     """
 
     def __init__(self) -> None:

@@ -35,9 +35,10 @@ def make_logits_processors(params: SamplingParams, vocab_size: int) -> list[Logi
 def make_sampling(params: SamplingParams, vocab_size: int) -> tuple[Sampler, list[LogitsProcessor]]:
     """Validate `params` and build `(sampler, logits_processors)` for one request.
 
-    Both are for mlx-lm's `BatchGenerator.insert(samplers=[s], logits_processors=[ps])` (or
-    `generate_step`). Build them per request: the sampler owns the seeded random key and the
-    DRY processor caches the context it has seen. Raises ValueError for invalid params.
+    Both are for the engine's `DecodeBatch.insert(samplers=[s], logits_processors=[ps])`
+    (or mlx-lm's `generate_step`). Build them per request: the sampler owns the seeded
+    random key and the DRY processor caches the context it has seen. Raises ValueError for
+    invalid params.
     """
     params.validate()
     return make_sampler(params), make_logits_processors(params, vocab_size)

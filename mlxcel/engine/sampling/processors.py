@@ -2,8 +2,9 @@
 
 Each factory returns a closure `processor(tokens, logits) -> logits` as mlx-lm's generators
 call it: `tokens` is the 1-D context (prompt + generated so far) and `logits` is `[B, V]`
-(B is 1 under `BatchGenerator`). The penalties stay lazy MLX graphs; DRY is sequential by
-nature and runs on the host with numpy (see `make_dry`).
+(B is 1 in a decode batch: mlx-lm's batch classes call processors row by row). The
+penalties stay lazy MLX graphs; DRY is sequential by nature and runs on the host with numpy
+(see `make_dry`).
 """
 
 from __future__ import annotations
