@@ -15,6 +15,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from fixtures.audio import speech_wav, tiny_kokoro_dir, tiny_whisper_dir
+from fixtures.server_state import serve_side_models
 
 from mlxcel.engine.audio.codec import read_audio
 from mlxcel.engine.audio.transcribe import TranscriptionOptions, transcribe
@@ -32,7 +33,7 @@ def make_app(worker: AudioWorker | None, *, audio_only: bool = False) -> FastAPI
     app.include_router(router)
     if audio_only:
         app.include_router(audio_only_router(worker))
-    app.state.audio = worker
+    serve_side_models(app, audio=worker)
     return app
 
 

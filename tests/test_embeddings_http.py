@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from fixtures.server_state import serve_side_models
 from fixtures.tiny_encoders import GatedEmbedder, build_tiny_bert, build_tiny_cross_encoder
 
 from mlxcel.config import Settings
@@ -43,7 +44,7 @@ def make_app(services: EmbeddingServices) -> FastAPI:
     install_error_handlers(app)
     app.include_router(embeddings_router)
     app.include_router(rerank_router)
-    app.state.embeddings = services
+    serve_side_models(app, embeddings=services)
     return app
 
 

@@ -19,6 +19,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from fixtures.audio import until_stopped
+from fixtures.server_state import serve_side_models
 from fixtures.tiny_encoders import GatedEmbedder
 from httpx import Response
 
@@ -145,7 +146,7 @@ def _embedding_family(kind: str, crash: bool, timeout: float | None, depth: int)
             return client.post("/v1/rerank", json={"query": "a", "documents": ["abc"]})
 
     app = _app(embeddings_router, rerank_router)
-    app.state.embeddings = services
+    serve_side_models(app, embeddings=services)
 
     def occupy() -> None:
         submit()
@@ -172,7 +173,7 @@ def _audio_family(crash: bool, timeout: float | None, depth: int) -> Family:
 
     worker.speak = lambda *_a, **_k: worker.submit(job)  # type: ignore[method-assign]
     app = _app(audio_router)
-    app.state.audio = worker
+    serve_side_models(app, audio=worker)
 
     def occupy() -> None:
         worker.submit(job)
@@ -189,7 +190,7 @@ def _image_family(crash: bool, timeout: float | None, depth: int) -> Family:
     model = ScriptedImageModel(crash=crash)
     worker = ImageWorker(model, queue_depth=depth, timeout=timeout).start()  # type: ignore[arg-type]
     app = _app(images_router)
-    app.state.image = worker
+    serve_side_models(app, image=worker)
     job = ImageJob(prompt="x", width=16, height=16)
 
     def occupy() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from fixtures.server_state import serve_side_models
 from fixtures.tiny_encoders import GatedEmbedder
 
 from mlxcel.engine.embeddings.embedder import TokenizedInput
@@ -46,7 +47,7 @@ def test_a_worker_killed_mid_request_answers_500_and_restarts() -> None:
     app = FastAPI()
     install_error_handlers(app)
     app.include_router(embeddings_router)
-    app.state.embeddings = services
+    serve_side_models(app, embeddings=services)
     try:
         with TestClient(app) as client:
             first = client.post("/v1/embeddings", json={"input": "hello", "model": "dying"})

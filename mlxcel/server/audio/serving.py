@@ -12,6 +12,7 @@ from mlxcel.server.audio.protocol import SPEECH_MEDIA_TYPES, SpeechRequest, Tran
 from mlxcel.server.bridge import await_engine
 from mlxcel.server.errors import APIError, bad_request, not_implemented
 from mlxcel.server.media.offload import off_loop
+from mlxcel.server.state import get_state
 
 if TYPE_CHECKING:
     from mlxcel.engine.audio.transcribe import Transcription
@@ -22,12 +23,8 @@ SPEECH_ROUTES = ("/v1/audio/speech",)
 
 
 def audio_worker(request: Request) -> AudioWorker | None:
-    """The server's audio worker: `ServerState.audio`, else `app.state.audio`, else None."""
-    state = getattr(request.app.state, "mlxcel", None)
-    worker = getattr(state, "audio", None) if state is not None else None
-    if worker is None:
-        worker = getattr(request.app.state, "audio", None)
-    return worker
+    """The server's audio worker (`ServerState.audio`; None: no audio model)."""
+    return get_state(request).audio
 
 
 def served_routes(worker: AudioWorker | None) -> list[str]:

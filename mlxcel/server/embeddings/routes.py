@@ -18,6 +18,7 @@ from mlxcel.server.embeddings.services import get_embedding_service
 from mlxcel.server.embeddings.serving import EmbeddingService, native_response, openai_response
 from mlxcel.server.errors import bad_request
 from mlxcel.server.json_body import JsonBodyRoute
+from mlxcel.server.state import get_state
 
 if TYPE_CHECKING:
     from mlxcel.engine.embeddings.embedder import EmbeddingOutput
@@ -35,9 +36,8 @@ async def _embed(
     """Run `inputs`, counting their tokens as processed prompt tokens for `/metrics`."""
     started = time.perf_counter()
     output = await service.embed(inputs, **options)
-    state = getattr(request.app.state, "mlxcel", None)
-    if state is not None:
-        state.counters.record_prompt(output.prompt_tokens, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    get_state(request).counters.record_prompt(output.prompt_tokens, seconds)
     return output
 
 

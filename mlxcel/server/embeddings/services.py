@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 
 from mlxcel.server.errors import APIError
+from mlxcel.server.state import get_state
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
@@ -59,11 +60,7 @@ class EmbeddingServices:
 
 
 def _services(request: Request) -> EmbeddingServices | None:
-    state = getattr(request.app.state, "mlxcel", None)
-    services = getattr(state, "embeddings", None) if state is not None else None
-    if services is None:
-        services = getattr(request.app.state, "embeddings", None)
-    return services if isinstance(services, EmbeddingServices) else None
+    return get_state(request).embeddings
 
 
 def _loading() -> APIError:
