@@ -21,6 +21,7 @@ from mlxcel.engine.cpu_kernels.layers import (
     KernelQuantizedLinear,
     aligned,
     pack_int8,
+    tile_rows,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -330,12 +331,36 @@ def test_rms_norm_op_matches_mlx(kernels: ModuleType) -> None:
         kernels.rms_norm(xs[1], mx.ones((41,)), 1e-5)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_read_from_the_int8_tiles_equal_mlx_embedding_lookups(bits: int) -> None:
+    """A tiled embedding keeps no MLX copy of its table: `tile_rows` gives exactly the rows
+    `nn.QuantizedEmbedding` dequantizes, a partial last tile and repeated ids included."""
+    vocab, dims = 45, 96  # 45 rows: two full tiles of 16 and a partial one
+    embedding = nn.QuantizedEmbedding.from_embedding(
+        _random_embedding(vocab, dims), group_size=32, bits=bits
+    )
+    embedding.scales = embedding.scales.astype(mx.float16).astype(mx.float32)
+    embedding.biases = embedding.biases.astype(mx.float16).astype(mx.float32)
+    tiles = pack_int8(embedding.weight, embedding.scales, embedding.biases, 32, bits)
+    ids = mx.array([[0, 15, 16, 44], [44, 3, 3, 31]])
+    expected = embedding(ids).astype(mx.float32)
+    got = tile_rows(tiles, ids, bits, dims)
+    assert got.shape == (2, 4, dims)
+    assert mx.array_equal(got, expected)
+
+
+def _random_embedding(vocab: int, dims: int) -> nn.Embedding:
+    embedding = nn.Embedding(vocab, dims)
+    embedding.weight = mx.random.normal((vocab, dims), key=mx.random.key(7))
+    return embedding
+
+
 @pytest.mark.parametrize("tiled", [False, True])
 def test_tied_head_uses_the_kernel_and_decode_matches_batch(
     kernels: ModuleType, tiny_qwen3_dir: Path, tiled: bool
 ) -> None:
     """qwen3 ties its LM head to the embedding: `as_linear` runs on the kernel (on the int8
-    tiles when its scales are float16, as GGUF's are; lookups keep MLX's arrays)."""
+    tiles when its scales are float16, as GGUF's are; lookups read the same tiles)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from mlxcel.engine.cpu_kernels.layers import KernelPackedEmbedding, use_cpu_kernels

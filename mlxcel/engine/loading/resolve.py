@@ -12,6 +12,7 @@ from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
 from mlxcel.engine.loading.describe import quantization_label
 from mlxcel.engine.loading.model import LoadedModel, ModelInfo
+from mlxcel.engine.process_memory import release_memory
 from mlxcel.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ def load_model(
         loaded.tokenizer.chat_template = chat_template
     _use_float32_on_cpu(loaded.model)
     _apply_cpu_dtype(loaded, cpu_dtype, cpu_threads)
+    # Reading, converting and building the tokenizer leave hundreds of MB freed but held by
+    # the allocator (262k-token vocabularies especially): hand them back.
+    release_memory()
     return loaded
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from mlxcel.config import process_env
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel
+from mlxcel.engine.process_memory import release_memory
 from mlxcel.engine.text.memory_budget import AdmissionControl
 from mlxcel.engine.text.request import (
     GenerationEvent,
@@ -49,7 +50,6 @@ from mlxcel.engine.text.request import (
 from mlxcel.engine.text.sleep import (
     IdleSleep,
     Sleeps,
-    release_memory,
     reload_error,
     report_sleep,
     report_wake,

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
+from mlxcel.engine.process_memory import release_memory
 from mlxcel.engine.text.memory_budget import AdmissionControl
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest, Timings, TokenLogprob
 from mlxcel.engine.text.scheduler import EngineCounters, EngineSnapshot, EventSink, SlotState
 from mlxcel.engine.text.sleep import (
     IdleSleep,
     Sleeps,
-    release_memory,
     reload_error,
     report_sleep,
     report_wake,
