@@ -144,6 +144,11 @@ class _Job:
         return min(n_prompt, self.cache_n + self.prefill_done)
 
 
+def _first_line(exc: Exception) -> str:
+    """An exception's message as an event's error: its first line."""
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
 class TextEngine(Sleeps):
     """Continuous-batching generation over one loaded model."""
 
@@ -333,9 +338,9 @@ class TextEngine(Sleeps):
                     self._used_slots.add(job.slot)
                     self._running[job.request.request_id] = job
                     admitted.append(job)
+            for job in admitted:
+                self._admit_alone(generator, job)
             try:
-                for job in admitted:
-                    self._admit(generator, job)
                 if self._spec is not None and self._speculate(generator):
                     continue
                 if self._by_uid:
@@ -343,7 +348,7 @@ class TextEngine(Sleeps):
             except Exception as exc:  # keep the engine alive: fail what was running
                 log.exception("engine step failed")
                 for job in list(self._running.values()):
-                    self._finish(job, "error", error=str(exc).splitlines()[0] if str(exc) else "")
+                    self._finish(job, "error", error=_first_line(exc))
                 generator = self._new_generator()
 
     def _fall_asleep(self) -> None:
@@ -414,6 +419,17 @@ class TextEngine(Sleeps):
             prefill_step_size=self.prefill_chunk,
             before_sampling=self._rows.before_sampling if self._rows is not None else None,
         )
+
+    def _admit_alone(self, generator: Any, job: _Job) -> None:
+        """Admit `job`; if that fails, it fails alone (out of the generator, an error
+        event) and the running batch goes on."""
+        try:
+            self._admit(generator, job)
+        except Exception as exc:
+            log.exception("admitting request %s failed", job.request.request_id)
+            if job.uid >= 0:
+                generator.remove([job.uid])
+            self._finish(job, "error", error=_first_line(exc))
 
     def _admit(self, generator: Any, job: _Job) -> None:
         from mlxcel.engine.sampling.chain import make_sampling
