@@ -33,7 +33,7 @@ from mlxcel.engine.errors import (
     QueueFullError,
     RequestMemoryBudgetError,
 )
-from mlxcel.engine.image import GeneratedPicture, ImageJob
+from mlxcel.engine.image import GeneratedPicture, ImageRequest
 from mlxcel.engine.text.request import GenerationRequest
 from mlxcel.engine.workers import EmbeddingWorker
 from mlxcel.engine.workers.audio import AudioModels, AudioUnavailableError, AudioWorker
@@ -87,10 +87,10 @@ class ScriptedImageModel:
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def check(self, job: ImageJob) -> None:
+    def check(self, job: ImageRequest) -> None:
         pass
 
-    def generate(self, job: ImageJob, **_: Any) -> list[GeneratedPicture]:
+    def generate(self, job: ImageRequest, **_: Any) -> list[GeneratedPicture]:
         self.entered.set()
         if self.crash:
             raise WorkerKilled
@@ -191,7 +191,7 @@ def _image_family(crash: bool, timeout: float | None, depth: int) -> Family:
     worker = ImageWorker(model, queue_depth=depth, timeout=timeout).start()  # type: ignore[arg-type]
     app = _app(images_router)
     serve_side_models(app, image=worker)
-    job = ImageJob(prompt="x", width=16, height=16)
+    job = ImageRequest(prompt="x", width=16, height=16)
 
     def occupy() -> None:
         worker.submit(job)

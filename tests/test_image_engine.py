@@ -22,7 +22,7 @@ from fixtures.tiny_image import FLUX2_TRANSFORMER, Z_IMAGE_TRANSFORMER, png_size
 
 from mlxcel.engine.errors import InvalidRequestError, ModelLoadError, QueueFullError
 from mlxcel.engine.image import (
-    ImageJob,
+    ImageRequest,
     ImageStoppedError,
     detect_family,
     load_image_model,
@@ -74,37 +74,39 @@ def test_saved_weights_load_back_through_mflux(z_image: Any, klein: Any) -> None
 def test_z_image_png_of_the_size_and_seed_plus_i(z_image: Any) -> None:
     steps: list[tuple[int, int]] = []
     pair = z_image.generate(
-        ImageJob(prompt="a red cat", width=32, height=16, n=2, seed=7, steps=2),
+        ImageRequest(prompt="a red cat", width=32, height=16, n=2, seed=7, steps=2),
         on_step=lambda done, total: steps.append((done, total)),
     )
     assert [(p.width, p.height, p.seed) for p in pair] == [(32, 16, 7), (32, 16, 8)]
     assert all(png_size(p.png) == (32, 16) for p in pair)
     assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert pair[0].png != pair[1].png
-    again = z_image.generate(ImageJob(prompt="a red cat", width=32, height=16, seed=8, steps=2))
+    again = z_image.generate(ImageRequest(prompt="a red cat", width=32, height=16, seed=8, steps=2))
     assert again[0].png == pair[1].png  # seed 8 alone == the second image of seed 7, n 2
 
 
 def test_z_image_img2img_runs_and_starts_from_the_picture(z_image: Any) -> None:
-    source = z_image.generate(ImageJob(prompt="a cat", width=16, height=16, seed=1, steps=2))[0]
-    plain = z_image.generate(ImageJob(prompt="a dog", width=16, height=16, seed=2, steps=4))[0]
-    job = ImageJob(
+    source = z_image.generate(ImageRequest(prompt="a cat", width=16, height=16, seed=1, steps=2))[0]
+    plain = z_image.generate(ImageRequest(prompt="a dog", width=16, height=16, seed=2, steps=4))[0]
+    job = ImageRequest(
         prompt="a dog", width=16, height=16, seed=2, steps=4, images=[source.png], strength=0.5
     )
     assert z_image.steps_of(job) == 2
-    default = ImageJob(prompt="a dog", width=16, height=16, steps=10, images=[source.png])
+    default = ImageRequest(prompt="a dog", width=16, height=16, steps=10, images=[source.png])
     assert z_image.steps_of(default) == 6  # img2img strength 0.4 unless given
     moved = z_image.generate(job)[0]
     assert png_size(moved.png) == (16, 16)
     assert moved.png != plain.png
     with pytest.raises(InvalidRequestError, match="one input image"):
-        z_image.check(ImageJob(prompt="x", width=16, height=16, images=[source.png] * 2))
+        z_image.check(ImageRequest(prompt="x", width=16, height=16, images=[source.png] * 2))
 
 
 def test_flux2_klein_text_to_image_and_multi_reference_edit(klein: Any) -> None:
-    first = klein.generate(ImageJob(prompt="a red cat", width=32, height=16, seed=3, steps=2))[0]
+    first = klein.generate(ImageRequest(prompt="a red cat", width=32, height=16, seed=3, steps=2))[
+        0
+    ]
     assert png_size(first.png) == (32, 16)
-    edit = ImageJob(
+    edit = ImageRequest(
         prompt="make it blue", width=16, height=16, seed=3, steps=2, images=[first.png, first.png]
     )
     edited = klein.generate(edit)[0]
@@ -120,7 +122,9 @@ def test_should_stop_ends_the_job_at_the_next_step(z_image: Any) -> None:
         return len(calls) >= 2
 
     with pytest.raises(ImageStoppedError, match="after step 1"):
-        z_image.generate(ImageJob(prompt="x", width=16, height=16, steps=50, n=3), should_stop=stop)
+        z_image.generate(
+            ImageRequest(prompt="x", width=16, height=16, steps=50, n=3), should_stop=stop
+        )
 
 
 def test_bad_jobs_are_refused_before_any_work(z_image: Any) -> None:
@@ -130,15 +134,15 @@ def test_bad_jobs_are_refused_before_any_work(z_image: Any) -> None:
         parse_size("big")
     assert parse_size("auto") == (1024, 1024) and parse_size("48X32") == (48, 32)
     for job, message in (
-        (ImageJob(prompt=" "), "prompt"),
-        (ImageJob(prompt="x", n=11), "n must be"),
-        (ImageJob(prompt="x", strength=0.5), "strength needs an input image"),
-        (ImageJob(prompt="x", steps=0), "steps must be"),
+        (ImageRequest(prompt=" "), "prompt"),
+        (ImageRequest(prompt="x", n=11), "n must be"),
+        (ImageRequest(prompt="x", strength=0.5), "strength needs an input image"),
+        (ImageRequest(prompt="x", steps=0), "steps must be"),
     ):
         with pytest.raises(InvalidRequestError, match=message):
             z_image.check(job)
     with pytest.raises(InvalidRequestError, match="not a readable image"):
-        z_image.generate(ImageJob(prompt="x", width=16, height=16, images=[b"not a picture"]))
+        z_image.generate(ImageRequest(prompt="x", width=16, height=16, images=[b"not a picture"]))
 
 
 def test_family_comes_from_model_index(tmp_path: Path) -> None:
@@ -161,10 +165,10 @@ class _Gate:
         self.family = model.family
         self.name = "gate"
 
-    def check(self, job: ImageJob) -> None:
+    def check(self, job: ImageRequest) -> None:
         self.model.check(job)
 
-    def generate(self, job: ImageJob, **kw: Any) -> Any:
+    def generate(self, job: ImageRequest, **kw: Any) -> Any:
         self.started.set()
         self.release.wait(30)
         return self.model.generate(job, **kw)
@@ -174,7 +178,7 @@ def test_worker_queue_full_and_timeout(z_image: Any) -> None:
     gate = _Gate(z_image)
     worker = ImageWorker(gate, queue_depth=1, timeout=None).start()  # type: ignore[arg-type]
     try:
-        job = ImageJob(prompt="x", width=16, height=16, steps=1)
+        job = ImageRequest(prompt="x", width=16, height=16, steps=1)
         running = worker.submit(job)
         assert gate.started.wait(30)
         queued = worker.submit(job)
@@ -188,7 +192,7 @@ def test_worker_queue_full_and_timeout(z_image: Any) -> None:
     slow = ImageWorker(z_image, queue_depth=2, timeout=0.05).start()
     try:
         future: Future[Any]
-        future = slow.submit(ImageJob(prompt="x", width=16, height=16, steps=200, n=10))
+        future = slow.submit(ImageRequest(prompt="x", width=16, height=16, steps=200, n=10))
         with pytest.raises(WorkerTimeoutError, match="timed out"):
             future.result(120)
     finally:
@@ -198,7 +202,7 @@ def test_worker_queue_full_and_timeout(z_image: Any) -> None:
 def test_a_cancelled_future_stops_its_job_at_the_next_step(z_image: Any) -> None:
     worker = ImageWorker(z_image, queue_depth=2, timeout=None).start()
     try:
-        future = worker.submit(ImageJob(prompt="x", width=16, height=16, steps=200, n=10))
+        future = worker.submit(ImageRequest(prompt="x", width=16, height=16, steps=200, n=10))
         time.sleep(0.05)
         while worker.pending:  # until the worker has taken the job off its queue
             time.sleep(0.05)
@@ -206,7 +210,7 @@ def test_a_cancelled_future_stops_its_job_at_the_next_step(z_image: Any) -> None
         assert not future.cancel()  # what the server does when its client goes away
         with pytest.raises(ImageStoppedError):
             future.result(300)
-        quick = worker.submit(ImageJob(prompt="x", width=16, height=16, steps=1))
+        quick = worker.submit(ImageRequest(prompt="x", width=16, height=16, steps=1))
         assert len(quick.result(300)) == 1
         stats = worker.worker.stats
         assert (stats.jobs, stats.failures) == (1, 1)  # the long job stopped, it did not finish

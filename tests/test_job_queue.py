@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mlxcel.engine.errors import QueueFullError
-from mlxcel.engine.workers.batch_worker import BatchWorker, Job
+from mlxcel.engine.workers.batch_worker import BatchItem, BatchWorker
 from mlxcel.engine.workers.job_queue import JobQueue
 
 
@@ -66,8 +66,10 @@ def test_batch_worker_takes_a_new_job_once_a_waiting_one_is_cancelled() -> None:
         release.wait(10)
         return list(batch)
 
-    def job(value: str) -> Job:
-        return Job(prepare=lambda: [value], forward=blocking, finish=lambda out: out[0], key="k")
+    def job(value: str) -> BatchItem:
+        return BatchItem(
+            prepare=lambda: [value], forward=blocking, finish=lambda out: out[0], key="k"
+        )
 
     worker = BatchWorker("test-worker", batch_size=1, queue_depth=1).start()
     try:

@@ -13,7 +13,7 @@ from fixtures.tiny_encoders import GatedEmbedder
 
 from mlxcel.engine.embeddings.embedder import TokenizedInput
 from mlxcel.engine.workers import EmbeddingWorker
-from mlxcel.engine.workers.batch_worker import BatchWorker, Job
+from mlxcel.engine.workers.batch_worker import BatchItem, BatchWorker
 from mlxcel.server.embeddings.routes import router as embeddings_router
 from mlxcel.server.embeddings.services import EmbeddingServices
 from mlxcel.server.embeddings.serving import EmbeddingService
@@ -69,7 +69,7 @@ def test_a_worker_whose_thread_ended_is_restarted_on_the_next_job() -> None:
     assert worker._thread is not None
     worker._thread.join(5)
     assert not worker.running
-    job = Job(
+    job = BatchItem(
         prepare=lambda: [[1, 2]],
         forward=lambda batch: [np.asarray(x).sum() for x in batch],
         finish=lambda outs: int(outs[0]),

@@ -9,7 +9,7 @@ from mlxcel.engine.image.pipeline import (
     encode_png,
     load_image_model,
 )
-from mlxcel.engine.image.request import ImageJob, parse_size
+from mlxcel.engine.image.request import ImageRequest, parse_size
 
 __all__ = [
     "FAMILIES",
@@ -17,7 +17,7 @@ __all__ = [
     "Z_IMAGE",
     "GeneratedPicture",
     "ImageFamily",
-    "ImageJob",
+    "ImageRequest",
     "ImageModel",
     "ImageStoppedError",
     "check_input_image",

@@ -24,7 +24,7 @@ from typing import Any
 from mlxcel.engine.errors import EngineError, InvalidRequestError, ModelLoadError
 from mlxcel.engine.image.families import FLUX2_KLEIN, Z_IMAGE, ImageFamily, detect_family
 from mlxcel.engine.image.families import read_json as _read_json
-from mlxcel.engine.image.request import ImageJob
+from mlxcel.engine.image.request import ImageRequest
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ImageModel:
         self._hook = _StepHook()
         pipeline.callbacks.register(self._hook)
 
-    def check(self, job: ImageJob) -> None:
+    def check(self, job: ImageRequest) -> None:
         """Raise InvalidRequestError when `job` does not fit this family."""
         job.check()
         if len(job.images) > self.family.max_images:
@@ -106,7 +106,7 @@ class ImageModel:
                 f"{self.family.name} models take {what}, got {len(job.images)}"
             )
 
-    def strength_of(self, job: ImageJob) -> float | None:
+    def strength_of(self, job: ImageRequest) -> float | None:
         """The image strength `job` runs with: its own, else DEFAULT_IMG2IMG_STRENGTH for an
         img2img-only family (an input picture would otherwise be drowned in noise)."""
         if not job.images:
@@ -115,7 +115,7 @@ class ImageModel:
             return DEFAULT_IMG2IMG_STRENGTH
         return job.strength
 
-    def steps_of(self, job: ImageJob) -> int:
+    def steps_of(self, job: ImageRequest) -> int:
         """Denoising steps one image of `job` runs (img2img skips the first ones)."""
         steps = job.steps or self.family.default_steps
         strength = self.strength_of(job)
@@ -125,7 +125,7 @@ class ImageModel:
 
     def generate(
         self,
-        job: ImageJob,
+        job: ImageRequest,
         *,
         on_step: StepCallback | None = None,
         should_stop: Callable[[], bool] | None = None,
@@ -157,7 +157,7 @@ class ImageModel:
             finally:
                 self._hook.on_step = None
 
-    def _one(self, job: ImageJob, seed: int, paths: list[Path]) -> GeneratedPicture:
+    def _one(self, job: ImageRequest, seed: int, paths: list[Path]) -> GeneratedPicture:
         steps = job.steps or self.family.default_steps
         guidance = self.family.default_guidance if job.guidance is None else job.guidance
         strength = self.strength_of(job)

@@ -44,7 +44,7 @@ def parse_size(text: str | None, default: tuple[int, int] = DEFAULT_SIZE) -> tup
 
 
 @dataclass
-class ImageJob:
+class ImageRequest:
     """One request: `n` images of `width` x `height`, the i-th with seed `seed + i`.
 
     `images` are encoded input pictures (PNG, JPEG, WebP...): one is img2img, several are

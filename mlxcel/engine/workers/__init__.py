@@ -1,13 +1,13 @@
 """Side workers: threads with bounded queues that run non-text models next to the engine."""
 
-from mlxcel.engine.workers.batch_worker import BatchWorker, Job, WorkerStats
+from mlxcel.engine.workers.batch_worker import BatchItem, BatchWorker, WorkerStats
 from mlxcel.engine.workers.embedding_worker import EmbeddingWorker
 from mlxcel.engine.workers.errors import WorkerStoppedError, WorkerTimeoutError
 
 __all__ = [
     "BatchWorker",
     "EmbeddingWorker",
-    "Job",
+    "BatchItem",
     "WorkerStats",
     "WorkerStoppedError",
     "WorkerTimeoutError",

@@ -76,7 +76,9 @@ class TranscriptionProgress:
 
 
 @dataclass
-class _Job:
+class _AudioTask:
+    """One transcription or speech call queued for the audio worker, with its deadline."""
+
     run: Callable[[AudioModels, Callable[[], bool]], Any]
     deadline: float | None
     future: StoppableFuture[Any] = field(default_factory=StoppableFuture)
@@ -117,7 +119,7 @@ class AudioWorker:
         self.stats = AudioWorkerStats()
         self.models = AudioModels()
         self._loader = loader or self._load
-        self._queue: JobQueue[_Job] = JobQueue(queue_depth)
+        self._queue: JobQueue[_AudioTask] = JobQueue(queue_depth)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loaded = threading.Event()
@@ -191,7 +193,7 @@ class AudioWorker:
         if self._stopping.is_set() or not self.running:
             raise WorkerStoppedError(f"{self.name} is not running")
         deadline = time.monotonic() + self.timeout if self.timeout else None
-        job = _Job(run=run, deadline=deadline)
+        job = _AudioTask(run=run, deadline=deadline)
         if not self._queue.put(job):
             raise QueueFullError(f"{self.name}: {self.queue_depth} audio requests already waiting")
         return job.future
@@ -299,7 +301,7 @@ class AudioWorker:
         finally:
             mx.clear_streams()  # MLX streams are per thread; free them before it ends
 
-    def _serve(self, job: _Job) -> None:
+    def _serve(self, job: _AudioTask) -> None:
         if not job.future.set_running_or_notify_cancel():
             return  # abandoned while queued (its caller timed out or went away)
         if job.should_stop():
@@ -330,6 +332,6 @@ class AudioWorker:
         finally:
             self.stats.busy_seconds += time.perf_counter() - started
 
-    def _time_out(self, job: _Job) -> None:
+    def _time_out(self, job: _AudioTask) -> None:
         self.stats.timeouts += 1
         job.future.set_exception(WorkerTimeoutError.after(self.timeout or 0.0))

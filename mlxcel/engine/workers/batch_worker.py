@@ -35,7 +35,7 @@ DEFAULT_QUEUE_DEPTH = 64
 
 
 @dataclass
-class Job:
+class BatchItem:
     """One request for a worker.
 
     `prepare` runs on the worker and returns the sequences to run (anything with `len`);
@@ -83,7 +83,7 @@ class BatchWorker:
         self.batch_size = batch_size
         self.queue_depth = queue_depth
         self.stats = WorkerStats()
-        self._queue: JobQueue[Job] = JobQueue(queue_depth)
+        self._queue: JobQueue[BatchItem] = JobQueue(queue_depth)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -114,7 +114,7 @@ class BatchWorker:
         self._queue.drain(WorkerStoppedError(f"{self.name} stopped"))
         live_workers.untrack(self)
 
-    def submit(self, job: Job) -> Future[Any]:
+    def submit(self, job: BatchItem) -> Future[Any]:
         """Queue `job`; QueueFullError at once when `queue_depth` jobs still wanted wait."""
         if self._stopping.is_set():
             raise WorkerStoppedError(f"{self.name} is not running")
@@ -148,7 +148,7 @@ class BatchWorker:
         finally:
             mx.clear_streams()
 
-    def _crashed(self, jobs: list[Job], exc: BaseException) -> None:
+    def _crashed(self, jobs: list[BatchItem], exc: BaseException) -> None:
         """Fail the batch's unfinished jobs cleanly and keep serving (a restart in place)."""
         log.error("%s: worker died mid-batch (%s); restarted", self.name, type(exc).__name__)
         self.stats.failures += 1
@@ -161,7 +161,7 @@ class BatchWorker:
             if future.running() or future.set_running_or_notify_cancel():
                 future.set_exception(error)
 
-    def _gather(self, first: Job) -> list[Job]:
+    def _gather(self, first: BatchItem) -> list[BatchItem]:
         """`first` plus queued jobs while they fit in one batch of sequences."""
         jobs = [first]
         count = first.size
@@ -177,8 +177,8 @@ class BatchWorker:
             count += job.size
         return jobs
 
-    def _serve(self, jobs: list[Job]) -> None:
-        prepared: list[tuple[Job, list[Any]]] = []
+    def _serve(self, jobs: list[BatchItem]) -> None:
+        prepared: list[tuple[BatchItem, list[Any]]] = []
         now = time.monotonic()
         for job in jobs:
             if not job.future.set_running_or_notify_cancel():
@@ -192,13 +192,13 @@ class BatchWorker:
             except Exception as exc:  # an invalid input fails its own job only
                 self.stats.failures += 1
                 job.future.set_exception(exc)
-        groups: dict[Hashable, list[tuple[Job, list[Any]]]] = {}
+        groups: dict[Hashable, list[tuple[BatchItem, list[Any]]]] = {}
         for entry in prepared:
             groups.setdefault(entry[0].key, []).append(entry)
         for members in groups.values():
             self._run_group(members)
 
-    def _run_group(self, members: list[tuple[Job, list[Any]]]) -> None:
+    def _run_group(self, members: list[tuple[BatchItem, list[Any]]]) -> None:
         flat = [(j, i) for j, (_, items) in enumerate(members) for i in range(len(items))]
         lengths = [len(members[j][1][i]) for j, i in flat]
         outputs: list[list[Any]] = [[None] * len(items) for _, items in members]

@@ -20,8 +20,8 @@ from mlxcel.engine.errors import InvalidRequestError
 from mlxcel.engine.workers.batch_worker import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_QUEUE_DEPTH,
+    BatchItem,
     BatchWorker,
-    Job,
 )
 
 
@@ -159,7 +159,7 @@ class EmbeddingWorker:
                 f"got {dimensions}"
             )
         task = _EmbedTask(self.embedder, inputs, method, normalize, truncate, dimensions)
-        job = Job(
+        job = BatchItem(
             prepare=task.prepare,
             forward=task.forward,
             finish=task.finish,
@@ -182,7 +182,7 @@ class EmbeddingWorker:
             raise InvalidRequestError("this worker does not serve reranking")
         check_rerank_request(query, documents)
         task = _RerankTask(self.reranker, query, documents, truncate, instruction)
-        job = Job(
+        job = BatchItem(
             prepare=task.prepare,
             forward=self.reranker.forward,
             finish=task.finish,

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlxcel.engine.errors import EngineError
-from mlxcel.engine.workers.batch_worker import BatchWorker, Job
+from mlxcel.engine.workers.batch_worker import BatchItem, BatchWorker
 from mlxcel.engine.workers.errors import WorkerTimeoutError
 from mlxcel.engine.workers.stoppable_future import StoppableFuture
 
 if TYPE_CHECKING:
-    from mlxcel.engine.image import GeneratedPicture, ImageJob, ImageModel
+    from mlxcel.engine.image import GeneratedPicture, ImageModel, ImageRequest
     from mlxcel.engine.image.pipeline import StepCallback
 
 DEFAULT_IMAGE_QUEUE_DEPTH = 4
@@ -34,7 +34,7 @@ class _Task:
     def __init__(
         self,
         model: ImageModel,
-        job: ImageJob,
+        job: ImageRequest,
         on_step: StepCallback | None,
         timeout: float | None,
         future: StoppableFuture[list[GeneratedPicture]],
@@ -116,7 +116,7 @@ class ImageWorker:
         self.worker.stop()
 
     def submit(
-        self, job: ImageJob, *, on_step: StepCallback | None = None
+        self, job: ImageRequest, *, on_step: StepCallback | None = None
     ) -> StoppableFuture[list[GeneratedPicture]]:
         """Check and queue `job`; its future's `cancel()` stops it at the next step.
 
@@ -127,7 +127,7 @@ class ImageWorker:
         future: StoppableFuture[list[GeneratedPicture]] = StoppableFuture()
         task = _Task(self.model, job, on_step, self.timeout, future)
         self.worker.submit(
-            Job(
+            BatchItem(
                 prepare=task.prepare,
                 forward=_Task.forward,
                 finish=task.finish,

@@ -39,7 +39,7 @@ from mlxcel.server.generation import Encoder
 from mlxcel.server.sse import dumps, sse_template
 
 if TYPE_CHECKING:
-    from mlxcel.server.chat.job import ChatJob
+    from mlxcel.server.chat.admitted import AdmittedChat
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class MessagesEncoder(Encoder):
     ping = SSE_PING
 
     def __init__(
-        self, chat: ChatJob, message_id: str, model: str, stop_sequences: Sequence[str]
+        self, chat: AdmittedChat, message_id: str, model: str, stop_sequences: Sequence[str]
     ) -> None:
         self.chat = chat
         self.message_id = message_id

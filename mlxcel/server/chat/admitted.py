@@ -1,4 +1,4 @@
-"""`ChatJob`: an admitted chat request, its generation job and how its output is split."""
+"""`AdmittedChat`: an admitted chat request, its generation job and how its output is split."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class ChatJob:
+class AdmittedChat:
     """An admitted chat request: its generation job and the parsers its output goes through."""
 
     job: Job

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from mlxcel.engine.prompting import without_added_bos
 from mlxcel.engine.text.thinking_budget import ThinkingBudget
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
-from mlxcel.server.chat.job import ChatJob
+from mlxcel.server.chat.admitted import AdmittedChat
 from mlxcel.server.chat.output_plan import OutputPlan, plan_output
 from mlxcel.server.chat.prompt import RenderedPrompt, render_prompt
 from mlxcel.server.errors import bad_request
@@ -62,7 +62,7 @@ class ChatCore:
         max_choices: int = 1,
         stream_reports: bool = False,
         prompt: RenderedPrompt | None = None,
-    ) -> ChatJob:
+    ) -> AdmittedChat:
         """Admit `request`: the engine job (one sequence per choice, `n` up to
         `max_choices`) and how to read its output. `prompt`: the request's prompt when the
         caller rendered it already; `stream_reports`: the answer streams and sends
@@ -103,7 +103,7 @@ class ChatCore:
             except MediaError as exc:
                 raise bad_request(str(exc)) from None
         job = Job.admit(state, per_choice(engine, choices))  # 400/503 before any SSE header
-        return ChatJob(job=job, plan=plan, prompt_tokens=len(prompt.tokens), forced=forced)
+        return AdmittedChat(job=job, plan=plan, prompt_tokens=len(prompt.tokens), forced=forced)
 
     def engine_request(
         self,

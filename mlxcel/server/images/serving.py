@@ -26,7 +26,7 @@ from mlxcel.server.json_body import read_json_body
 from mlxcel.server.state import get_state
 
 if TYPE_CHECKING:
-    from mlxcel.engine.image import GeneratedPicture, ImageJob
+    from mlxcel.engine.image import GeneratedPicture, ImageRequest
     from mlxcel.engine.workers.image_worker import ImageWorker
 
 MULTIPART_MESSAGE = (
@@ -147,15 +147,15 @@ def edit_inputs(body: ImageEditRequest) -> list[bytes]:
     return pictures
 
 
-def build_job(body: Any, images: list[bytes] | None = None) -> ImageJob:
+def build_job(body: Any, images: list[bytes] | None = None) -> ImageRequest:
     """The engine job for a generation (no `images`) or an edit request."""
-    from mlxcel.engine.image import ImageJob, parse_size
+    from mlxcel.engine.image import ImageRequest, parse_size
 
     try:
         width, height = parse_size(body.size)
     except InvalidRequestError as exc:
         raise bad_request(str(exc)) from None
-    return ImageJob(
+    return ImageRequest(
         prompt=body.prompt,
         width=width,
         height=height,
@@ -169,12 +169,12 @@ def build_job(body: Any, images: list[bytes] | None = None) -> ImageJob:
     )
 
 
-async def run_job(worker: ImageWorker, job: ImageJob) -> list[GeneratedPicture]:
+async def run_job(worker: ImageWorker, job: ImageRequest) -> list[GeneratedPicture]:
     """Run `job` on the worker within its timeout; engine errors become HTTP ones."""
     return await await_engine(lambda: worker.submit(job), worker.timeout)
 
 
-def render(job: ImageJob, pictures: list[GeneratedPicture]) -> dict[str, Any]:
+def render(job: ImageRequest, pictures: list[GeneratedPicture]) -> dict[str, Any]:
     """The success body: created, data[], output_format, size."""
     response = ImagesResponse(
         created=int(time.time()),

@@ -38,7 +38,7 @@ from mlxcel.server.sse import SSE_DONE, sse_data, sse_template
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
-    from mlxcel.server.chat.job import ChatJob
+    from mlxcel.server.chat.admitted import AdmittedChat
     from mlxcel.server.chat.output_plan import OutputPlan
     from mlxcel.server.llama_native.encoder import VerboseReport
 
@@ -135,7 +135,7 @@ class ChatEncoder(Encoder):
 
     def __init__(
         self,
-        chat: ChatJob,
+        chat: AdmittedChat,
         tokenizer: Tokenizer,
         meta: dict[str, Any],
         *,

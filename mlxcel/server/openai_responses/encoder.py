@@ -20,7 +20,7 @@ from mlxcel.server.openai_responses.output import OutputAssembler
 from mlxcel.server.openai_responses.store import InFlight, StoredResponse
 
 if TYPE_CHECKING:
-    from mlxcel.server.chat.job import ChatJob
+    from mlxcel.server.chat.admitted import AdmittedChat
     from mlxcel.server.openai_responses.compaction import CompactionResult
     from mlxcel.server.openai_responses.serving import Prepared, ResponsesServing
 
@@ -32,7 +32,7 @@ class ResponseEncoder(Encoder):
         self,
         serving: ResponsesServing,
         prepared: Prepared,
-        job: ChatJob,
+        job: AdmittedChat,
         compaction: CompactionResult | None = None,
     ) -> None:
         self.serving = serving
