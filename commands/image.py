@@ -16,7 +16,7 @@ from mlxcel.config import process_env
 from .common import PROFILE_OPTION, fail, resolve
 
 if TYPE_CHECKING:
-    from mlxcel.engine.image import GeneratedPicture, ImageJob, ImageModel
+    from mlxcel.engine.image import GeneratedPicture, ImageModel, ImageRequest
 
 MODEL_ENV = process_env.IMAGE_MODEL
 
@@ -69,7 +69,7 @@ def _load(ref: str, quiet: bool) -> ImageModel:
         fail(str(exc))
 
 
-def _run(model: ImageModel, job: ImageJob, quiet: bool) -> list[GeneratedPicture]:
+def _run(model: ImageModel, job: ImageRequest, quiet: bool) -> list[GeneratedPicture]:
     """Generate, with a progress bar over the denoising steps on a terminal."""
     from rich.console import Console
     from rich.progress import (
@@ -144,7 +144,7 @@ def image(
 ) -> None:
     """Generate pictures from a prompt (or edit --image pictures) and write PNG files."""
     from mlxcel.engine.errors import InvalidRequestError
-    from mlxcel.engine.image import ImageJob, parse_size
+    from mlxcel.engine.image import ImageRequest, parse_size
 
     settings = resolve(profile, {"image_model": model}).settings
     ref = settings.image_model
@@ -154,7 +154,7 @@ def image(
         width, height = parse_size(size)
     except InvalidRequestError as exc:
         fail(f"--size: {exc}")
-    job = ImageJob(
+    job = ImageRequest(
         prompt=prompt,
         width=width,
         height=height,
@@ -199,7 +199,7 @@ def image(
 
 def _payload(
     model: ImageModel,
-    job: ImageJob,
+    job: ImageRequest,
     paths: list[Path],
     pictures: list[GeneratedPicture],
     seconds: float,
