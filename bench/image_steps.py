@@ -49,7 +49,7 @@ def main() -> int:
     from fixtures.tiny_image import build_tiny_z_image
 
     from mlxcel.engine.blas import blas_in_use
-    from mlxcel.engine.image import ImageJob, load_image_model, parse_size
+    from mlxcel.engine.image import ImageRequest, load_image_model, parse_size
 
     mx.disable_compile()
     with tempfile.TemporaryDirectory() as folder:
@@ -57,8 +57,10 @@ def main() -> int:
         print(f"tiny Z-Image, mx.compile off, BLAS: {blas_in_use()}; {load_note()}")
         for text in args.sizes.split(","):
             width, height = parse_size(text)
-            one = ImageJob(prompt="a red cat", width=width, height=height, steps=1)
-            many = ImageJob(prompt="a red cat", width=width, height=height, steps=1 + args.steps)
+            one = ImageRequest(prompt="a red cat", width=width, height=height, steps=1)
+            many = ImageRequest(
+                prompt="a red cat", width=width, height=height, steps=1 + args.steps
+            )
             model.generate(one)  # warm-up
             t_one = _time(model, one, args.reps)
             t_many = _time(model, many, args.reps)
