@@ -3,6 +3,9 @@ hyper-parameters their mlx-lm class needs); `find_architecture` picks one by nam
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from mlxcel.engine.loading.gguf_arch import gemma3, llama, qwen2, qwen3
 from mlxcel.engine.loading.gguf_arch.base import ArchMetadata, GGUFArchitecture
 
@@ -12,15 +15,15 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
-def find_architecture(name: str) -> GGUFArchitecture:
-    """The architecture `name` (`general.architecture`); ValueError naming the supported
-    ones when mlxcel cannot build it."""
+def find_architecture(name: str, metadata: Mapping[str, Any] | None = None) -> GGUFArchitecture:
+    """The architecture `name` (`general.architecture`), the variant the file's `metadata`
+    asks for (experts); ValueError naming the supported ones when mlxcel cannot build it."""
     found = ARCHITECTURES.get(name)
     if found is None:
         raise ValueError(
             f"unsupported GGUF architecture {name!r}; supported: {', '.join(ARCHITECTURES)}"
         )
-    return found
+    return found if metadata is None else found.for_file(metadata)
 
 
 __all__ = [

@@ -25,6 +25,19 @@ LLAMA_LAYER_TENSORS: Mapping[str, str] = {
 """llama.cpp's per-layer tensor names (`blk.N.<name>`) → Hugging Face's, for the families
 laid out as Llama (`model.layers.N.<name>`)."""
 
+
+def expert_tensors(block: str) -> dict[str, str]:
+    """llama.cpp's mixture-of-experts tensors → mlx-lm's, for a sparse block at `block`
+    (`mlp`, `block_sparse_moe`): the router and the experts' projections, stacked
+    [n_expert, out, in] in the file as in mlx-lm's `SwitchGLU`."""
+    return {
+        "ffn_gate_inp": f"{block}.gate",
+        "ffn_gate_exps": f"{block}.switch_mlp.gate_proj",
+        "ffn_up_exps": f"{block}.switch_mlp.up_proj",
+        "ffn_down_exps": f"{block}.switch_mlp.down_proj",
+    }
+
+
 GLOBAL_TENSORS: Mapping[str, str] = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -61,6 +74,10 @@ def _no_extras(_hyper: ArchMetadata, _config: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _no_fixes(_weights: dict[str, Any], _config: dict[str, Any]) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class GGUFArchitecture:
     """One llama.cpp architecture (`general.architecture`) read through an mlx-lm class."""
@@ -84,6 +101,18 @@ class GGUFArchitecture:
     extra_config: Callable[[ArchMetadata, dict[str, Any]], dict[str, Any]] = _no_extras
     """Architecture-specific `config.json` keys, from the hyper-parameters and the common
     config built so far."""
+    fix_weights: Callable[[dict[str, Any], dict[str, Any]], None] = _no_fixes
+    """Architecture-specific changes to the renamed weights, in place, given the config
+    (fused projections the file keeps apart, shapes the class wants otherwise)."""
+    with_experts: GGUFArchitecture | None = None
+    """What files of this name with experts (`<arch>.expert_count` > 0) are read as (a
+    `llama` file with experts is a Mixtral)."""
+
+    def for_file(self, metadata: Mapping[str, Any]) -> GGUFArchitecture:
+        """This architecture, or its `with_experts` variant when the file has experts."""
+        if self.with_experts is not None and metadata.get(f"{self.name}.expert_count", 0):
+            return self.with_experts
+        return self
 
     def hf_name(self, name: str) -> str | None:
         """The Hugging Face name of the GGUF tensor `name`; None when it is unknown."""
