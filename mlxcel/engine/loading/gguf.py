@@ -323,7 +323,7 @@ def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]
     header = read_gguf_header(path)
     metadata = header.metadata
     architecture = str(metadata.get("general.architecture", ""))
-    arch = find_architecture(architecture)
+    arch = find_architecture(architecture, metadata)
     tensors = {t.name: t for t in header.tensors}
     if "token_embd.weight" not in tensors:
         raise ValueError("no token_embd.weight tensor")
@@ -428,6 +428,7 @@ def _convert_weights(
         raise ValueError(f"unsupported tensors in the GGUF file: {', '.join(unknown[:5])}")
     if arch.permuted_qk:
         _unpermute_qk(weights, config)
+    arch.fix_weights(weights, config)
     return weights, rope_factors
 
 
