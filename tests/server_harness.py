@@ -223,7 +223,8 @@ class InProcessServer:
         import uvicorn
 
         from mlxcel.server.app import create_app
-        from mlxcel.server.runner import load_into, uvicorn_config
+        from mlxcel.server.boot import load_into
+        from mlxcel.server.runner import uvicorn_config
 
         if self.state.client is None:
             load_into(self.state)
@@ -250,8 +251,9 @@ class InProcessServer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(15)
-        if stop_engine and self.state.client is not None:
-            self.state.client.engine.stop()
+        engine = self.state.engine
+        if stop_engine and engine is not None:
+            engine.stop()
 
     def __enter__(self) -> InProcessServer:
         return self.start()

@@ -360,7 +360,14 @@ def test_routes_answer_501_when_not_enabled(cross_client: TestClient) -> None:
         error = _error(bare.post("/v1/rerank", json={"query": "q", "documents": ["a"]}), 501)
         assert "Start it with `--reranker-model MODEL`" in error["message"]
     with TestClient(make_app(EmbeddingServices(loading=True))) as loading:
-        _error(loading.post("/v1/embeddings", json={"input": "hi"}), 503)
+        answer = loading.post("/v1/embeddings", json={"input": "hi"})
+        # the spec's one loading answer, as the audio and chat routes give it
+        assert _error(answer, 503) == {
+            "message": "Loading model",
+            "type": "server_busy",
+            "code": None,
+        }
+        assert answer.headers["retry-after"] == "1"
 
 
 # --------------------------------------------------------------------------- admission

@@ -298,6 +298,7 @@ def _load_vision_into(state: ServerState, path: Path) -> None:
         native_video=loaded.native_video,
         video_with_audio=loaded.info.architecture == "gemma4_unified",
         video_max_frames=settings.video_max_frames,
+        prepare=engine.prepare,
     )
     state.media_policy = MediaPolicy.from_environment(settings.media_path)
     _serve(state, engine, loaded.tokenizer, loaded.info)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mlxcel.engine.audio.phonemize import PhonemizerUnavailable
 from mlxcel.engine.errors import (
@@ -49,6 +49,9 @@ from mlxcel.server.errors import (
     server_busy,
     timeout_error,
 )
+
+if TYPE_CHECKING:
+    from mlxcel.server.engine_protocol import GenerationEngine
 
 T = TypeVar("T")
 
@@ -191,7 +194,7 @@ class EngineStream:
     invalid request raises before any response (or SSE header) is sent.
     """
 
-    def __init__(self, engine: Any, request: GenerationRequest) -> None:
+    def __init__(self, engine: GenerationEngine, request: GenerationRequest) -> None:
         self._engine = engine
         self.request = request
         self._loop = asyncio.get_running_loop()
@@ -286,7 +289,7 @@ class EngineStream:
 class EngineClient:
     """What HTTP handlers use to run text generation; never touches MLX itself."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: GenerationEngine) -> None:
         self.engine = engine
 
     def open(self, request: GenerationRequest) -> EngineStream:

@@ -74,6 +74,15 @@ def server_busy(message: str = "All slots are busy. Please try again later.") ->
     return APIError(503, message, "server_busy", headers={"Retry-After": RETRY_AFTER_SECONDS})
 
 
+MODEL_LOADING = "Loading model"
+"""The message of the 503 a request gets while its model loads."""
+
+
+def model_loading() -> APIError:
+    """503 server_busy while the model a route needs is loading (the spec's type for it)."""
+    return server_busy(MODEL_LOADING)
+
+
 def timeout_error(message: str) -> APIError:
     """504 timeout_error: the request did not finish within its deadline."""
     return APIError(504, message, "timeout_error")

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
-from mlxcel.server.errors import APIError, scrub_paths, server_busy
+from mlxcel.server.errors import APIError, model_loading, scrub_paths, server_busy
 from mlxcel.server.sse import SSE_PING, event_stream, with_keepalive
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class Job:
         and the ones already submitted are cancelled."""
         client = state.client
         if client is None:
-            raise server_busy("loading model")
+            raise model_loading()
         streams: list[EngineStream] = []
         try:
             for request in requests:

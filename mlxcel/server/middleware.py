@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxcel.server.errors import RETRY_AFTER_SECONDS, scope_error
+from mlxcel.server.errors import MODEL_LOADING, RETRY_AFTER_SECONDS, scope_error
 
 MAX_HEADER_BYTES = 32 * 1024
 """Largest request head (request line and headers) accepted; larger gets 431."""
@@ -121,7 +121,7 @@ class RequestGuard:
                 return
         if not public and self.is_loading():
             response = scope_error(
-                scope, 503, "Loading model", "server_busy", {"Retry-After": RETRY_AFTER_SECONDS}
+                scope, 503, MODEL_LOADING, "server_busy", {"Retry-After": RETRY_AFTER_SECONDS}
             )
             await response(scope, receive, send)
             return

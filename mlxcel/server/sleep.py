@@ -14,14 +14,17 @@ A reload that fails answers 503 and leaves the model asleep for the next request
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mlxcel.server.bridge import await_engine
 from mlxcel.server.errors import RETRY_AFTER_SECONDS, scope_error
+
+if TYPE_CHECKING:
+    from mlxcel.server.engine_protocol import GenerationEngine
 
 _WHILE_ASLEEP = {
     "GET": ("/health", "/", "/props", "/models", "/v1/models"),
@@ -70,7 +73,7 @@ class WakeOnRequest:
         self,
         app: ASGIApp,
         *,
-        engine: Callable[[], Any],
+        engine: Callable[[], GenerationEngine | None],
         prefix: str = "",
         routes: Sequence[BaseRoute] = (),
     ) -> None:
@@ -94,7 +97,7 @@ class WakeOnRequest:
                 and self._routed(scope)
             ):
                 try:
-                    await asyncio.wrap_future(engine.wake())
+                    await await_engine(engine.wake, None)
                 except Exception as exc:  # noqa: BLE001 - answered as a 503, model asleep
                     response = scope_error(
                         scope,

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from mlxcel.server.audio.protocol import SPEECH_MEDIA_TYPES, SpeechRequest, TranscriptionForm
 from mlxcel.server.bridge import await_engine
-from mlxcel.server.errors import APIError, bad_request, not_implemented
+from mlxcel.server.errors import bad_request, model_loading, not_implemented
 from mlxcel.server.media.offload import off_loop
 from mlxcel.server.state import get_state
 
@@ -39,7 +39,7 @@ def require_worker(request: Request, *, stt: bool) -> AudioWorker:
     """The worker for a speech-to-text (`stt`) or text-to-speech route; 501 or 503 if none."""
     worker = audio_worker(request)
     if worker is not None and not worker.ready and worker.running:
-        raise APIError(503, "Loading model", "server_busy", headers={"Retry-After": "1"})
+        raise model_loading()
     if stt and (worker is None or not worker.has_stt):
         raise not_implemented(
             "this server has no speech-to-text model; start it with --audio-model MODEL"

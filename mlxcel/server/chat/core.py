@@ -97,9 +97,9 @@ class ChatCore:
         engine = self.engine_request(
             request, prompt, plan, grammar, priority=priority, stream_reports=stream_reports
         )
-        if engine.media is not None:  # the processor off the event loop; submit reuses it
-            try:
-                await prepare_off_loop(state.client.engine, engine.media)
+        if engine.media is not None and state.media is not None:
+            try:  # the processor off the event loop; submit reuses its result
+                await prepare_off_loop(state.media, engine.media)
             except MediaError as exc:
                 raise bad_request(str(exc)) from None
         job = Job.admit(state, per_choice(engine, choices))  # 400/503 before any SSE header

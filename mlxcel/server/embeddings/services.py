@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
-from mlxcel.server.errors import APIError
+from mlxcel.server.errors import APIError, model_loading
 from mlxcel.server.state import get_state
 
 if TYPE_CHECKING:
@@ -63,17 +63,13 @@ def _services(request: Request) -> EmbeddingServices | None:
     return get_state(request).embeddings
 
 
-def _loading() -> APIError:
-    return APIError(503, "Loading model", "unavailable_error", headers={"Retry-After": "1"})
-
-
 def get_embedding_service(request: Request) -> EmbeddingService:
     """The embedding service, 503 while loading, 501 when the server has none."""
     services = _services(request)
     if services is not None and services.embeddings is not None:
         return services.embeddings
     if services is not None and services.loading:
-        raise _loading()
+        raise model_loading()
     raise APIError(501, NO_EMBEDDINGS, "not_supported_error")
 
 
@@ -83,7 +79,7 @@ def get_rerank_service(request: Request) -> RerankService:
     if services is not None and services.rerank is not None:
         return services.rerank
     if services is not None and services.loading:
-        raise _loading()
+        raise model_loading()
     raise APIError(501, NO_RERANK, "not_supported_error")
 
 

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxcel.engine.text.request import GenerationRequest
-from mlxcel.server.errors import APIError, bad_request, server_busy
+from mlxcel.server.errors import APIError, bad_request, model_loading
 from mlxcel.server.generation import Job
 from mlxcel.server.llama_native.encoder import NativeEncoder
 from mlxcel.server.llama_native.protocol import (
@@ -61,7 +61,7 @@ class NativeServing:
     @property
     def tokenizer(self) -> Tokenizer:
         if self.state.tokenizer is None or self.state.client is None:
-            raise server_busy("loading model")
+            raise model_loading()
         return self.state.tokenizer
 
     # ------------------------------------------------------------------ completion

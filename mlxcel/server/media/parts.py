@@ -9,7 +9,7 @@ Fetching is async; decoding runs on the media pool (`offload`), never on the eve
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,12 +33,14 @@ _KINDS = {
 
 @dataclass(frozen=True)
 class ModelMedia:
-    """What the loaded model takes: its modalities and how it reads video."""
+    """What the loaded model takes: its modalities, how it reads video, and its engine's
+    processor (`prepare`, run off the event loop before submit; None: nothing to run)."""
 
     modalities: frozenset[str]
     native_video: bool = False
     video_with_audio: bool = False
     video_max_frames: int = 8
+    prepare: Callable[[VisionPrompt], object] | None = None
 
 
 def has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
@@ -125,15 +127,14 @@ async def _load_part(
     return [{"type": "audio"}]
 
 
-async def prepare_off_loop(engine: object, prompt: VisionPrompt) -> None:
-    """Run a vision engine's processor on `prompt` on the media pool (resizing and patching
-    a large picture takes seconds); the engine keeps the result for its submit. MediaError
-    (a 400) when the processor refuses the media."""
-    prepare = getattr(engine, "prepare", None)
-    if prepare is None or not prompt.inputs:
+async def prepare_off_loop(model: ModelMedia, prompt: VisionPrompt) -> None:
+    """Run the vision engine's processor (`model.prepare`) on `prompt` on the media pool
+    (resizing and patching a large picture takes seconds); the engine keeps the result for
+    its submit. MediaError (a 400) when the processor refuses the media."""
+    if model.prepare is None or not prompt.inputs:
         return
     try:
-        await off_loop(prepare, prompt)
+        await off_loop(model.prepare, prompt)
     except InvalidRequestError as exc:
         raise MediaError(str(exc)) from None
 

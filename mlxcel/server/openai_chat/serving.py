@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxcel.server.chat.core import ChatCore
-from mlxcel.server.errors import server_busy
+from mlxcel.server.errors import model_loading
 from mlxcel.server.llama_native.encoder import VerboseReport
 from mlxcel.server.openai_chat.encoder import ChatEncoder
 from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
@@ -57,6 +57,6 @@ class ChatServing:
     async def input_tokens(self, body: ChatCompletionRequest) -> dict[str, Any]:
         """POST /v1/chat/completions/input_tokens: how many prompt tokens `body` would use."""
         if self.state.tokenizer is None:
-            raise server_busy("loading model")
+            raise model_loading()
         prompt = await self.core.render(body.chat_request())
         return {"input_tokens": len(prompt.tokens), "object": "response.input_tokens"}

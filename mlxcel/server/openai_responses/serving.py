@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from mlxcel.server.chat.core import ChatCore
 from mlxcel.server.chat.prompt import RenderedPrompt
 from mlxcel.server.chat.request import ChatOptions, ChatRequest, ChatTurn
-from mlxcel.server.errors import APIError, server_busy
+from mlxcel.server.errors import APIError, model_loading
 from mlxcel.server.openai_common import (
     reported_model,
 )
@@ -417,7 +417,7 @@ class ResponsesServing:
         """Tokens one request may hold (the per-slot context)."""
         engine = self.state.engine
         if engine is None:
-            raise server_busy("loading model")
+            raise model_loading()
         return engine.context_per_slot
 
     async def compact(self, payload: Any, raw: Request) -> Response:
@@ -427,7 +427,7 @@ class ResponsesServing:
         change; 499 when the client went away during the summary.
         """
         if self.state.tokenizer is None:
-            raise server_busy("loading model")
+            raise model_loading()
         request = parse_compact_request(payload)
         counting = ResponsesRequest.model_validate(
             {"model": request.model, "instructions": request.instructions, "input": ""}
@@ -514,7 +514,7 @@ class ResponsesServing:
     async def input_tokens(self, body: ResponsesRequest) -> dict[str, Any]:
         """POST /v1/responses/input_tokens: the prompt tokens `body` would use."""
         if self.state.tokenizer is None:
-            raise server_busy("loading model")
+            raise model_loading()
         prepared = self.prepare(body)
         prompt = await self.core.render(prepared.chat)
         return {"object": "response.input_tokens", "input_tokens": len(prompt.tokens)}

@@ -13,7 +13,13 @@ from mlxcel import __version__
 from mlxcel.engine.blas import blas_in_use
 from mlxcel.engine.cpu_kernels.build import kernel_status
 from mlxcel.engine.defaults import sampling_from_settings
-from mlxcel.server.errors import APIError, bad_request, install_error_handlers, server_busy
+from mlxcel.server.errors import (
+    APIError,
+    bad_request,
+    install_error_handlers,
+    model_loading,
+    server_busy,
+)
 from mlxcel.server.health import supports_tools
 from mlxcel.server.json_body import decode_json_body
 from mlxcel.server.llama_native.protocol import default_settings_flat, sampling_params_view
@@ -50,7 +56,7 @@ def _not_supported(message: str) -> APIError:
 def _engine(state: ServerState) -> GenerationEngine:
     engine = state.engine
     if engine is None:
-        raise server_busy("loading model")
+        raise model_loading()
     return engine
 
 
