@@ -6,11 +6,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mlxcel.engine.loading.gguf_arch import gemma3, llama, qwen2, qwen3
+from mlxcel.engine.loading.gguf_arch import (
+    gemma2,
+    gemma3,
+    granite,
+    llama,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen2moe,
+    qwen3,
+    qwen3moe,
+    smollm3,
+)
 from mlxcel.engine.loading.gguf_arch.base import ArchMetadata, GGUFArchitecture
 
 ARCHITECTURES: dict[str, GGUFArchitecture] = {
-    module.ARCHITECTURE.name: module.ARCHITECTURE for module in (llama, qwen2, qwen3, gemma3)
+    module.ARCHITECTURE.name: module.ARCHITECTURE
+    for module in (
+        llama,
+        qwen2,
+        qwen3,
+        gemma3,
+        gemma2,
+        phi3,
+        qwen2moe,
+        qwen3moe,
+        olmo2,
+        granite,
+        smollm3,
+    )
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 

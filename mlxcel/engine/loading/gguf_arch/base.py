@@ -70,6 +70,23 @@ class ArchMetadata:
         return f"{self.arch}.{key}" in self.metadata
 
 
+def llama_biases(hyper: ArchMetadata, _config: dict[str, Any]) -> dict[str, Any]:
+    """The bias flags of mlx-lm's Llama-like classes: attention biases when the file has
+    them, none in the MLP."""
+    return {"attention_bias": "blk.0.attn_q.bias" in hyper.tensor_names, "mlp_bias": False}
+
+
+def expert_config(hyper: ArchMetadata, config: dict[str, Any]) -> dict[str, Any]:
+    """The expert counts and sizes of mlx-lm's Qwen MoE classes."""
+    return {
+        "num_experts": int(hyper.get("expert_count")),
+        "num_experts_per_tok": int(hyper.get("expert_used_count")),
+        "moe_intermediate_size": int(
+            hyper.get("expert_feed_forward_length", config["intermediate_size"])
+        ),
+    }
+
+
 def _no_extras(_hyper: ArchMetadata, _config: dict[str, Any]) -> dict[str, Any]:
     return {}
 

@@ -11,18 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.engine.loading.gguf_arch.base import (
-    LLAMA_LAYER_TENSORS,
-    ArchMetadata,
-    GGUFArchitecture,
-)
+from mlxcel.engine.loading.gguf_arch.base import ArchMetadata, GGUFArchitecture
+from mlxcel.engine.loading.gguf_arch.gemma2 import GEMMA_LAYER_TENSORS, query_pre_attn_scalar
 
-_LAYER_TENSORS = {
-    **LLAMA_LAYER_TENSORS,
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",  # before the MLP, as in Llama, but renamed
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
 _LARGEST_LAYERS = 62  # Gemma 3 27B: queries scaled by hidden / heads, not the head size
 
 
@@ -32,15 +23,13 @@ def _extras(hyper: ArchMetadata, config: dict[str, Any]) -> dict[str, Any]:
             "gemma3 with final logit soft-capping is not supported (mlx-lm's gemma3_text has none)"
         )
     window = int(hyper.get("attention.sliding_window", 0))
-    per_head = config["hidden_size"] // config["num_attention_heads"]
-    scale = per_head if config["num_hidden_layers"] == _LARGEST_LAYERS else config["head_dim"]
     return {
         "sliding_window": window if window > 0 else config["max_position_embeddings"],
         "sliding_window_pattern": int(hyper.get("attention.sliding_window_pattern", 6))
         if window > 0
         else 1,
         "rope_local_base_freq": float(hyper.get("rope.freq_base_swa", 10000.0)),
-        "query_pre_attn_scalar": float(scale),
+        "query_pre_attn_scalar": query_pre_attn_scalar(config, _LARGEST_LAYERS),
     }
 
 
@@ -50,7 +39,7 @@ ARCHITECTURE = GGUFArchitecture(
     hf_architecture="Gemma3ForCausalLM",
     default_rope_theta=1000000.0,
     default_rms_eps=1e-6,
-    layer_tensors=_LAYER_TENSORS,
+    layer_tensors=GEMMA_LAYER_TENSORS,
     norm_offset=1.0,
     extra_config=_extras,
 )

@@ -1,15 +1,10 @@
-"""`llama` GGUF files (Llama 1-3, SmolLM2, Mistral 7B...): mlx-lm's `llama` class."""
+"""`llama` GGUF files (Llama 1-3, SmolLM2, Mistral 7B...): mlx-lm's `llama` class; those
+with experts (Mixtral) through `mixtral`."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from mlxcel.engine.loading.gguf_arch.base import ArchMetadata, GGUFArchitecture
-
-
-def _extras(hyper: ArchMetadata, _config: dict[str, Any]) -> dict[str, Any]:
-    return {"attention_bias": "blk.0.attn_q.bias" in hyper.tensor_names, "mlp_bias": False}
-
+from mlxcel.engine.loading.gguf_arch import mixtral
+from mlxcel.engine.loading.gguf_arch.base import GGUFArchitecture, llama_biases
 
 ARCHITECTURE = GGUFArchitecture(
     name="llama",
@@ -18,5 +13,6 @@ ARCHITECTURE = GGUFArchitecture(
     default_rope_theta=10000.0,
     default_rms_eps=1e-6,
     permuted_qk=True,
-    extra_config=_extras,
+    extra_config=llama_biases,
+    with_experts=mixtral.ARCHITECTURE,
 )

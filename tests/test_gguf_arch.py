@@ -1,0 +1,117 @@
+"""Every GGUF architecture mlxcel reads (gguf_arch/): a tiny random-weight file written as
+llama.cpp's converter writes it loads through the real loader into mlx-lm's class with
+the same logits and greedy tokens as the same weights loaded directly into that class."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from fixtures.tiny_arch_gguf import ARCHITECTURES, write_tiny_arch_gguf
+
+from mlxcel.engine.loading.gguf import load_gguf
+from mlxcel.engine.loading.gguf_arch import SUPPORTED_ARCHITECTURES, find_architecture
+
+PROMPT = [5, 40, 41, 42, 60, 70, 80, 90, 100, 110, 120, 130]
+
+
+@pytest.fixture(scope="module")
+def arch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gguf-arch")
+
+
+def _greedy(model: object, prompt: list[int], steps: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(steps):
+        logits = model(mx.array([tokens]))  # type: ignore[operator]
+        tokens.append(int(mx.argmax(logits[0, -1]).item()))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_tiny_architecture_matches_mlx_lm(name: str, arch_dir: Path) -> None:
+    """Names, hyper-parameters and the tricky bits (Gemma's `1 + w` norms and soft-capping,
+    expert stacking, Granite's multipliers, SmolLM3's no-RoPE layers, Phi-3's fused
+    projections) read back into the mlx-lm class: the same logits and greedy tokens."""
+    arch = ARCHITECTURES[name]
+    path, reference = write_tiny_arch_gguf(arch, arch_dir / f"tiny-{name}.gguf")
+    loaded = load_gguf(path)
+    assert loaded.architecture == arch.architecture
+    assert loaded.config["model_type"] == arch.config["model_type"]
+    inputs = mx.array([PROMPT])
+    want = np.array(reference(inputs))
+    got = np.array(loaded.model(inputs))
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert _greedy(loaded.model, PROMPT, 6) == _greedy(reference, PROMPT, 6)
+
+
+def _max_error(got: object, reference: object) -> float:
+    inputs = mx.array([PROMPT])
+    want = np.array(reference(inputs))  # type: ignore[operator]
+    return float(np.abs(np.array(got(inputs)) - want).max() / np.abs(want).max())  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("name", "unlike_the_converter"),
+    [("smollm3", {"permuted": False}), ("gemma2", {"norm_offset": 0.0})],
+)
+def test_a_file_written_otherwise_reads_otherwise(
+    name: str, unlike_the_converter: dict[str, object], arch_dir: Path
+) -> None:
+    """The checks above can fail: Q/K rows not permuted as the converter does, or norms
+    without its `1 + w`, give other logits."""
+    arch = dataclasses.replace(ARCHITECTURES[name], **unlike_the_converter)  # type: ignore[arg-type]
+    path, reference = write_tiny_arch_gguf(arch, arch_dir / f"unlike-{name}.gguf")
+    assert _max_error(load_gguf(path).model, reference) > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("name", "broken"),
+    [
+        ("granite", {"embedding_multiplier": 1.0, "logits_scaling": 1.0}),
+        ("granite", {"residual_multiplier": 1.0}),
+        ("gemma2", {"final_logit_softcapping": 1e6, "attn_logit_softcapping": 1e6}),
+        ("smollm3", {"no_rope_layer_interval": 1000}),
+    ],
+)
+def test_the_hyper_parameters_matter(name: str, broken: dict[str, float], arch_dir: Path) -> None:
+    """The loaded weights in a class whose config lacks one of the mapped hyper-parameters
+    (Granite's multipliers, Gemma 2's soft-capping, SmolLM3's no-RoPE layers) give other
+    logits than the reference."""
+    path, reference = write_tiny_arch_gguf(ARCHITECTURES[name], arch_dir / f"{name}.gguf")
+    loaded = load_gguf(path)
+    config = {**loaded.config, **broken}
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    model.update(loaded.model.parameters())
+    assert _max_error(loaded.model, reference) < 1e-4
+    assert _max_error(model, reference) > 1e-2
+
+
+def test_llama_with_experts_is_mixtral() -> None:
+    assert find_architecture("llama").model_type == "llama"
+    assert find_architecture("llama", {"llama.expert_count": 8}).model_type == "mixtral"
+    assert find_architecture("llama", {"llama.expert_count": 0}).model_type == "llama"
+
+
+def test_supported_architectures() -> None:
+    assert set(SUPPORTED_ARCHITECTURES) >= {
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "gemma2",
+        "phi3",
+        "qwen2moe",
+        "qwen3moe",
+        "olmo2",
+        "granite",
+        "smollm3",
+    }
+    with pytest.raises(ValueError, match=r"unsupported GGUF architecture 'rwkv7'; supported: "):
+        find_architecture("rwkv7")
