@@ -273,14 +273,15 @@ def test_gguf_cut_in_its_tensor_data_names_what_is_missing(tiny_gguf: Path, tmp_
 def test_unsupported_architecture(tmp_path: Path) -> None:
     import gguf
 
-    path = tmp_path / "phi.gguf"
-    writer = gguf.GGUFWriter(str(path), "phi3")
+    path = tmp_path / "rwkv.gguf"
+    writer = gguf.GGUFWriter(str(path), "rwkv7")
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match=r"'phi3'; supported: llama, qwen2, qwen3, gemma3$"):
+    supported = "llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen2moe, qwen3moe, olmo2, granite"
+    with pytest.raises(ValueError, match=rf"'rwkv7'; supported: {supported}, smollm3$"):
         load_gguf(path)
 
 
