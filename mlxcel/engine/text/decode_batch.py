@@ -7,7 +7,9 @@ time; every decoding sequence advanced by one batched forward per step; a sequen
 prompt has one token left joins the decoding batch), written over mlx-lm's public
 `PromptProcessingBatch` and `GenerationBatch`, whose `uids` say the rows of every call:
 before each call that samples, `before_sampling(uids)` gets the rows it will sample, in
-order (the decoding batch, then the sequences joining it).
+order (the decoding batch, then the sequences joining it); before each forward,
+`before_forward(uids)` gets the rows it runs (a vision model's language model places each
+row's positions by it).
 """
 
 from __future__ import annotations
@@ -70,12 +72,14 @@ class DecodeBatch:
         prefill_batch_size: int,
         prefill_step_size: int,
         before_sampling: Callable[[list[int]], None] | None = None,
+        before_forward: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.model = model
         self.prefill_batch_size = prefill_batch_size
         self.completion_batch_size = max(completion_batch_size, prefill_batch_size)
         self.prefill_step_size = prefill_step_size
         self._before_sampling = before_sampling
+        self._before_forward = before_forward
         self._waiting: deque[_Waiting] = deque()
         self._prompts = PromptProcessingBatch.empty(
             model, greedy_sampler, prefill_step_size=prefill_step_size
@@ -178,6 +182,9 @@ class DecodeBatch:
             return self._next()
 
     def _sampling(self, uids: list[int]) -> None:
+        """Name the rows of the forward and the sampler call that come next."""
+        if self._before_forward is not None:
+            self._before_forward(list(uids))
         if self._before_sampling is not None:
             self._before_sampling(list(uids))
 
@@ -229,6 +236,8 @@ class DecodeBatch:
             chunks.append(chunk)
             prompted.append(response)
         totals.prompt_tokens += sum(len(c) for c in chunks)
+        if self._before_forward is not None and chunks:
+            self._before_forward(list(self._prompts.uids))
         start = time.perf_counter()
         self._prompts.prompt(chunks)
         totals.prompt_time += time.perf_counter() - start

@@ -1,4 +1,10 @@
-"""The text engine: one thread owns the model and runs continuous batching.
+"""The engine core: one thread owns the model and runs continuous batching.
+
+`TextEngine` is the core for every model kind; `VisionEngine` (mlxcel.engine.vision.engine)
+is the same core with its own step inputs (`_step_model`: which model the batched step
+runs; `_start_cache`: how a prompt reaches the KV cache it starts from; `_cache_key`: how
+the prompt cache names it), so the queue, admission, sleep and the token pipeline below
+exist once.
 
 Requests wait in a priority queue (`X-Priority`), are admitted into free slots, prefill
 in chunks while other slots decode, and every decoding slot advances in one batched
@@ -33,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Self
 
 from mlxcel.config import process_env
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
@@ -111,7 +117,9 @@ class EngineSnapshot:
 
 
 @dataclass
-class _Job:
+class RunningSequence:
+    """A request the engine holds, from the queue to its last event."""
+
     request: GenerationRequest
     sink: EventSink
     max_tokens: int
@@ -120,7 +128,8 @@ class _Job:
     slot: int = -1
     admitted: float = 0.0
     first_token: float = 0.0
-    cache_n: int = 0
+    cache_n: int = 0  # prompt tokens found in the prompt cache
+    start_n: int = 0  # prompt tokens already in the KV cache the sequence starts from
     n_generated: int = 0
     prefilled: bool = False
     detok: Any = None
@@ -131,6 +140,7 @@ class _Job:
     sampler: Any = None
     row: Any = None  # sampling.batched.RowSampling when the engine samples batched
     spec: Any = None  # speculative.lane.SequenceSpeculation when the request may speculate
+    position_delta: int = 0  # a vision row's position shift after its media (mRoPE)
     progress_sent: int = -1  # the last prefill progress reported (`processed`)
     prefill_done: int = 0  # uncached prompt tokens the generator has prefilled
 
@@ -141,7 +151,7 @@ class _Job:
         n_prompt = len(self.request.prompt_tokens)
         if n_generated > 0:
             return n_prompt + n_generated - 1
-        return min(n_prompt, self.cache_n + self.prefill_done)
+        return min(n_prompt, self.start_n + self.prefill_done)
 
 
 def _first_line(exc: Exception) -> str:
@@ -182,11 +192,11 @@ class TextEngine(Sleeps):
         self.counters = EngineCounters()
         self.memory = AdmissionControl(lambda: self.loaded.model)
         self._cond = threading.Condition()
-        self._pending: list[tuple[int, int, _Job]] = []
+        self._pending: list[tuple[int, int, RunningSequence]] = []
         self._seq = itertools.count()
-        self._jobs: dict[str, _Job] = {}  # every queued or running job
-        self._running: dict[str, _Job] = {}  # jobs holding a slot
-        self._by_uid: dict[int, _Job] = {}  # running jobs by BatchGenerator uid
+        self._jobs: dict[str, RunningSequence] = {}  # every queued or running job
+        self._running: dict[str, RunningSequence] = {}  # jobs holding a slot
+        self._by_uid: dict[int, RunningSequence] = {}  # running jobs by BatchGenerator uid
         self._free_slots = list(range(slots))
         self._used_slots: set[int] = set()
         self._cancelled: set[str] = set()
@@ -201,7 +211,7 @@ class TextEngine(Sleeps):
 
             self._spec = Speculator(speculation, loaded, prefill_chunk=self.prefill_chunk)
         self._lane: Any = None  # the SoloLane running `_lane_job` (engine thread only)
-        self._lane_job: _Job | None = None
+        self._lane_job: RunningSequence | None = None
         self._solo_mark: tuple[int, int, float] | None = None  # (uid, n_generated, time)
         if batched_sampling is None:
             batched_sampling = process_env.batched_sampling()
@@ -212,7 +222,7 @@ class TextEngine(Sleeps):
 
     # ---------------------------------------------------------------- public API
 
-    def start(self) -> TextEngine:
+    def start(self) -> Self:
         """Start the engine thread (idempotent)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
@@ -237,7 +247,11 @@ class TextEngine(Sleeps):
         """Queue `request`; its events go to `sink` (called on the engine thread)."""
         budget = self.check(request)
         self.memory.admit(len(request.prompt_tokens), budget, self.prefill_chunk)
-        job = _Job(request=request, sink=sink, max_tokens=budget)
+        self._queue(request, sink, budget)
+
+    def _queue(self, request: GenerationRequest, sink: EventSink, budget: int) -> None:
+        """Put a checked request in the priority queue (QueueFullError when it is full)."""
+        job = RunningSequence(request=request, sink=sink, max_tokens=budget)
         job.flush = getattr(sink, "flush", None)
         with self._cond:
             if self._stopping:
@@ -305,8 +319,8 @@ class TextEngine(Sleeps):
 
     def _loop(self) -> None:
         generator = self._new_generator()
-        admitted: list[_Job] = []
-        job: _Job | None = None
+        admitted: list[RunningSequence] = []
+        job: RunningSequence | None = None
         while True:
             self._flush_sinks()  # the last iteration's events go out before any wait
             with self._cond:
@@ -412,15 +426,37 @@ class TextEngine(Sleeps):
 
             self._batch_sampler = BatchSampler()
             self._rows = BatchRows(self._batch_sampler)
+        model, before_forward = self._step_model()
         return DecodeBatch(
-            self.loaded.model,
+            model,
             completion_batch_size=self.n_slots,
             prefill_batch_size=self.n_slots,
             prefill_step_size=self.prefill_chunk,
             before_sampling=self._rows.before_sampling if self._rows is not None else None,
+            before_forward=before_forward,
         )
 
-    def _admit_alone(self, generator: Any, job: _Job) -> None:
+    def _step_model(self) -> tuple[Any, Callable[[list[int]], None] | None]:
+        """The model the batched step runs, and what it is told of each forward's rows."""
+        return self.loaded.model, None
+
+    def _start_cache(self, job: RunningSequence) -> list[Any] | None:
+        """The KV cache the sequence starts from (`job.start_n` prompt tokens in it, of
+        which `job.cache_n` came from the prompt cache), or None for an empty one."""
+        if not self._caching(job):
+            return None
+        cache, job.cache_n = self.prompt_cache.lookup(job.request.prompt_tokens)
+        job.start_n = job.cache_n
+        return cache
+
+    def _inserted(self, job: RunningSequence) -> None:
+        """`job` is in the generator now, as row `job.uid`."""
+
+    def _cache_key(self, job: RunningSequence, tokens: list[int]) -> list[int]:
+        """The prompt-cache key of a KV cache holding `tokens` of `job`'s sequence."""
+        return tokens
+
+    def _admit_alone(self, generator: Any, job: RunningSequence) -> None:
         """Admit `job`; if that fails, it fails alone (out of the generator, an error
         event) and the running batch goes on."""
         try:
@@ -431,7 +467,7 @@ class TextEngine(Sleeps):
                 generator.remove([job.uid])
             self._finish(job, "error", error=_first_line(exc))
 
-    def _admit(self, generator: Any, job: _Job) -> None:
+    def _admit(self, generator: Any, job: RunningSequence) -> None:
         from mlxcel.engine.sampling.chain import make_sampling
         from mlxcel.engine.text.loop_detection import LoopDetector
         from mlxcel.engine.text.stops import StopMatcher
@@ -439,10 +475,7 @@ class TextEngine(Sleeps):
         request = job.request
         job.admitted = time.perf_counter()
         prompt = request.prompt_tokens
-        cache = None
-        use_cache = request.cache_prompt and self.prompt_cache is not None
-        if use_cache:
-            cache, job.cache_n = self.prompt_cache.lookup(prompt)
+        cache = self._start_cache(job)
         job.detok = self.tokenizer.detokenizer(prompt, skip_special=request.skip_special)
         job.stopper = StopMatcher(request.stop) if request.stop else None
         job.loop = LoopDetector(request.loop) if request.loop is not None else None
@@ -477,16 +510,17 @@ class TextEngine(Sleeps):
             if fold:
                 processors = []
         (uid,) = generator.insert(
-            [prompt[job.cache_n :]],
+            [prompt[job.start_n :]],
             max_tokens=[job.max_tokens],
             caches=[cache] if cache is not None else None,
-            all_tokens=[list(prompt[: job.cache_n])],
+            all_tokens=[list(prompt[: job.start_n])],
             samplers=[self._batch_sampler if job.row is not None else sampler],
             logits_processors=[processors],
             stop_sequences=[self._no_stops if request.ignore_eos else self._eos_stops],
         )
         job.uid = uid
         self._by_uid[uid] = job
+        self._inserted(job)
         if job.row is not None:
             self._rows.insert(uid, job.row)
         if request.progress:
@@ -577,7 +611,7 @@ class TextEngine(Sleeps):
         self._lane_round(generator, lane, job)
         return True
 
-    def _time_plain_step(self, job: _Job) -> None:
+    def _time_plain_step(self, job: RunningSequence) -> None:
         """What a plain step costs: the time between two generator steps that each gave the
         lone sequence one token (what drafting must beat)."""
         now = time.perf_counter()
@@ -586,7 +620,7 @@ class TextEngine(Sleeps):
             self._spec.costs.record(0, now - mark[2])
         self._solo_mark = (job.uid, job.n_generated, now)
 
-    def _lane_round(self, generator: Any, lane: Any, job: _Job) -> None:
+    def _lane_round(self, generator: Any, lane: Any, job: RunningSequence) -> None:
         from mlxcel.engine.text.speculative.lane import LaneToken
 
         start = time.perf_counter()
@@ -637,7 +671,7 @@ class TextEngine(Sleeps):
         c.prefill_chunks += int(prefilled)
         c.busy_slots_per_decode_total += n_decoded
 
-    def _on_token(self, generator: Any, job: _Job, r: Any, now: float) -> None:
+    def _on_token(self, generator: Any, job: RunningSequence, r: Any, now: float) -> None:
         if job.n_generated == 0:
             job.first_token = now
             job.prefilled = True
@@ -678,10 +712,10 @@ class TextEngine(Sleeps):
             return
         self._emit(job, text, token, logprobs)
 
-    def _caching(self, job: _Job) -> bool:
+    def _caching(self, job: RunningSequence) -> bool:
         return self.prompt_cache is not None and job.request.cache_prompt
 
-    def _remove(self, generator: Any, job: _Job) -> None:
+    def _remove(self, generator: Any, job: RunningSequence) -> None:
         """Take `job` out of the generator, keeping its KV cache when caching applies."""
         if job is self._lane_job and self._lane is not None:
             cache, tokens = self._lane.release()
@@ -698,16 +732,16 @@ class TextEngine(Sleeps):
             cache, tokens = caches[job.uid]
             self._store_prompt_cache(job, tokens, cache)
 
-    def _store_prompt_cache(self, job: _Job, tokens: Any, cache: Any) -> None:
+    def _store_prompt_cache(self, job: RunningSequence, tokens: Any, cache: Any) -> None:
         """Offer a finished sequence's KV cache (holding exactly `tokens`) to the cache."""
         if not self._caching(job) or not tokens or not cache:
             return
         try:
-            self.prompt_cache.insert(list(tokens), list(cache))
+            self.prompt_cache.insert(self._cache_key(job, list(tokens)), list(cache))
         except Exception:  # a cache failure must never fail the request
             log.exception("prompt cache insert failed")
 
-    def _flush_text(self, job: _Job) -> str:
+    def _flush_text(self, job: RunningSequence) -> str:
         tail = job.detok.flush()
         if job.stopper is not None:
             held, hit = job.stopper.feed(tail) if tail else ("", False)
@@ -727,7 +761,9 @@ class TextEngine(Sleeps):
             top = tuple(sorted(zip(ids, vals, strict=True), key=lambda p: -p[1]))
         return (TokenLogprob(token, float(row[token].item()), top),)
 
-    def _post_logprobs(self, job: _Job, r: Any, token: int, top_n: int) -> tuple[TokenLogprob, ...]:
+    def _post_logprobs(
+        self, job: RunningSequence, r: Any, token: int, top_n: int
+    ) -> tuple[TokenLogprob, ...]:
         """`token` and `top_n` alternatives under the distribution the sampler drew it from:
         the batch sampler's own record, else computed again from the step's row."""
         got = job.row.take_post(token) if job.row is not None else None
@@ -748,7 +784,9 @@ class TextEngine(Sleeps):
             except Exception:  # a sink's failure must not stop the engine
                 log.exception("event sink flush failed")
 
-    def _emit(self, job: _Job, text: str, token: int, logprobs: tuple[TokenLogprob, ...]) -> None:
+    def _emit(
+        self, job: RunningSequence, text: str, token: int, logprobs: tuple[TokenLogprob, ...]
+    ) -> None:
         if job.flush is not None:
             self._to_flush.add(job.flush)
         job.sink(
@@ -764,11 +802,11 @@ class TextEngine(Sleeps):
             )
         )
 
-    def _progress(self, job: _Job, done: int, complete: bool = False) -> None:
+    def _progress(self, job: RunningSequence, done: int, complete: bool = False) -> None:
         """Send a prefill progress event: `done` of the uncached prompt tokens processed
         (none when it would repeat the last one)."""
         total = len(job.request.prompt_tokens)
-        processed = total if complete else min(total, job.cache_n + done)
+        processed = total if complete else min(total, job.start_n + done)
         if processed <= job.progress_sent:
             return
         job.progress_sent = processed
@@ -783,7 +821,7 @@ class TextEngine(Sleeps):
             )
         )
 
-    def _timings(self, job: _Job, end: float) -> Timings:
+    def _timings(self, job: RunningSequence, end: float) -> Timings:
         """The request's timings as of `end` (the prompt's end at its first token)."""
         first = job.first_token or end
         return Timings(
@@ -796,7 +834,7 @@ class TextEngine(Sleeps):
 
     def _finish(
         self,
-        job: _Job,
+        job: RunningSequence,
         reason: Any,
         *,
         tail: str = "",

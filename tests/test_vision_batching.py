@@ -1,0 +1,249 @@
+"""The vision engine is the engine core: continuous batching, one token pipeline, the
+prompt cache by media content, media prepared off the caller's thread.
+
+On the tiny random-weight Qwen2-VL (mRoPE) and Gemma 3 checkpoints that mlx-vlm loads
+offline."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlx_vlm", reason="mlx-vlm is part of mlxcel's vision extra")
+
+from fixtures.tiny_vlm import build_tiny_gemma3, build_tiny_qwen2_vl  # noqa: E402
+
+from mlxcel.engine.sampling.params import SamplingParams  # noqa: E402
+from mlxcel.engine.text.request import GenerationEvent, GenerationRequest  # noqa: E402
+from mlxcel.engine.vision.engine import VisionEngine  # noqa: E402
+from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt  # noqa: E402
+from mlxcel.engine.vision.loader import load_vision_model  # noqa: E402
+
+PROMPTS = {
+    "qwen2_vl": (
+        "<|im_start|>user\n{text}<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n"
+        "<|im_start|>assistant\n",
+        "<|vision_start|><|image_pad|><|vision_end|>",
+    ),
+    "gemma3": (
+        "<bos><start_of_turn>user\n{text}<start_of_image><end_of_turn>\n<start_of_turn>model\n",
+        "<start_of_image>",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "gemma3"])
+def vlm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    build = build_tiny_qwen2_vl if request.param == "qwen2_vl" else build_tiny_gemma3
+    path = build(tmp_path_factory.mktemp(request.param))
+    return load_vision_model(path, name=request.param)
+
+
+def _image(color: tuple[int, int, int], size: tuple[int, int] = (64, 64)) -> Any:
+    from PIL import Image
+
+    picture = Image.new("RGB", size, color)
+    for x in range(0, size[0], 8):
+        for y in range(size[1]):
+            picture.putpixel((x, y), (255 - color[0], 255 - color[1], 255 - color[2]))
+    return picture
+
+
+def _request(
+    vlm: Any, text: str, images: list[Any], max_tokens: int = 10, **fields: Any
+) -> GenerationRequest:
+    template, placeholder = PROMPTS[vlm.info.architecture]
+    prompt = template.format(text=text)
+    if not images:
+        prompt = prompt.replace(placeholder, "")
+    fields.setdefault("ignore_eos", True)
+    return GenerationRequest(
+        prompt_tokens=[],
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=0.0),
+        media=VisionPrompt(prompt, VisionInputs(images=images)),
+        **fields,
+    )
+
+
+def _drain(sink: queue.SimpleQueue[GenerationEvent]) -> list[GenerationEvent]:
+    events = [sink.get(timeout=120)]
+    while not events[-1].finished:
+        events.append(sink.get(timeout=120))
+    return events
+
+
+def _tokens(events: list[GenerationEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
+def _together(engine: VisionEngine, requests: list[GenerationRequest]) -> list[list[int]]:
+    sinks = []
+    for request in requests:
+        sink: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+        engine.submit(request, sink.put)
+        sinks.append(sink)
+    out = []
+    for sink in sinks:
+        events = _drain(sink)
+        assert events[-1].finish_reason == "length", events[-1].error
+        out.append(_tokens(events))
+    return out
+
+
+def _mixed(vlm: Any) -> list[GenerationRequest]:
+    """Two pictures (one larger: more patch tokens on Qwen2-VL), a text-only request, and
+    the first picture again with other text; they finish at different steps."""
+    return [
+        _request(vlm, "What is in the picture?", [_image((250, 0, 0))], 12),
+        _request(vlm, "Describe it.", [_image((0, 0, 250), (96, 80))], 9),
+        _request(vlm, "Say something about the sea and the sky.", [], 14),
+        _request(vlm, "And now?", [_image((250, 0, 0))], 7),
+    ]
+
+
+def test_batched_vision_is_the_same_as_alone(vlm: Any) -> None:
+    alone_engine = VisionEngine(vlm, slots=1)
+    try:
+        alone = [_together(alone_engine, [r])[0] for r in _mixed(vlm)]
+    finally:
+        alone_engine.stop()
+    engine = VisionEngine(vlm, slots=4)
+    try:
+        together = _together(engine, _mixed(vlm))
+        counters = engine.snapshot().counters
+    finally:
+        engine.stop()
+    assert together == alone
+    assert counters.busy_slots_max == 4  # the four decoded in one batch
+    assert counters.busy_slots_per_decode_total > counters.decode_steps
+
+
+def test_metrics_and_cancellation_follow_the_core(vlm: Any) -> None:
+    """A cancelled request is not counted; a finished one is, at its finish (as text)."""
+    engine = VisionEngine(vlm, slots=2)
+    try:
+        long = _request(vlm, "Tell a long story.", [_image((9, 9, 9))], 400)
+        sink: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+        engine.submit(long, sink.put)
+        sink.get(timeout=120)
+        done = _together(engine, [_request(vlm, "Short.", [_image((1, 200, 1))], 5)])
+        engine.cancel(long.request_id)
+        events = _drain(sink)
+        counters = engine.snapshot().counters
+        slots = engine.snapshot().slots
+    finally:
+        engine.stop()
+    assert events[-1].finish_reason == "cancelled"
+    assert len(done[0]) == 5
+    assert counters.requests_total == 1 and counters.sequences_completed == 1
+    assert counters.completion_tokens_total == 5
+    assert counters.sequences_started == 2
+    assert all(slot.state == "idle" for slot in slots)
+
+
+def test_vision_requests_get_the_whole_token_pipeline(vlm: Any) -> None:
+    """Timings per token, prefill progress and loop detection, as on a text model."""
+    from mlxcel.engine.text.loop_detection import LoopParams
+
+    engine = VisionEngine(vlm, slots=2)
+    try:
+        request = _request(
+            vlm, "What is it?", [_image((40, 90, 160))], 6, timings_per_token=True, progress=True
+        )
+        events = list(engine.generate(request))
+        loop = LoopParams(max_pattern_size=4, min_pattern_size=1, min_count=4)
+        looping = _request(vlm, "Repeat.", [_image((40, 90, 160))], 300, loop=loop)
+        looped = list(engine.generate(looping))
+    finally:
+        engine.stop()
+    progress = [e for e in events if e.progress is not None]
+    assert progress and progress[-1].progress.processed == events[-1].prompt_tokens
+    tokens = [e for e in events if e.token_ids]
+    assert tokens and all(e.timings is not None for e in tokens)
+    assert events[-1].timings is not None and events[-1].timings.predicted_n == 6
+    # the tiny model repeats itself: loop detection stops it long before 300 tokens
+    assert looped[-1].finish_reason == "stop" and len(_tokens(looped)) < 300
+
+
+def test_a_follow_up_turn_about_the_same_picture_reuses_its_prefix(vlm: Any) -> None:
+    from mlxcel.engine.text.prompt_cache import PromptCache
+
+    picture = _image((200, 120, 30))
+    first = _request(vlm, "What is in this picture, in a few words?", [picture], 8)
+    engine = VisionEngine(vlm, slots=2, prompt_cache=PromptCache())
+    plain = VisionEngine(vlm, slots=2)
+    try:
+        turn = list(engine.generate(first))
+        follow = _follow_up(vlm, first, turn, picture)
+        cached = list(engine.generate(follow))
+        other = list(engine.generate(_follow_up(vlm, first, turn, _image((0, 90, 250)))))
+        cold = list(plain.generate(_follow_up(vlm, first, turn, picture)))
+    finally:
+        engine.stop()
+        plain.stop()
+    prompt = len(first.prompt_tokens)
+    assert cached[-1].timings is not None and cached[-1].timings.cache_n >= prompt - 16
+    assert _tokens(cached) == _tokens(cold)  # the reused prefix gives the same tokens
+    media_at = _first_media(vlm, first)
+    assert other[-1].timings is not None and other[-1].timings.cache_n <= media_at
+
+
+def _follow_up(
+    vlm: Any, first: GenerationRequest, turn: list[GenerationEvent], picture: Any
+) -> GenerationRequest:
+    """The next turn: the first prompt (with `picture`), the answer, a new question."""
+    assert isinstance(first.media, VisionPrompt)
+    answer = "".join(e.text for e in turn)
+    if vlm.info.architecture == "qwen2_vl":
+        more = f"{answer}<|im_end|>\n<|im_start|>user\nAnd its colour?<|im_end|>\n"
+        more += "<|im_start|>assistant\n"
+    else:
+        more = f"{answer}<end_of_turn>\n<start_of_turn>user\nAnd its colour?<end_of_turn>\n"
+        more += "<start_of_turn>model\n"
+    return GenerationRequest(
+        prompt_tokens=[],
+        max_tokens=6,
+        sampling=SamplingParams(temperature=0.0),
+        ignore_eos=True,
+        media=VisionPrompt(first.media.text + more, VisionInputs(images=[picture])),
+    )
+
+
+def _first_media(vlm: Any, request: GenerationRequest) -> int:
+    assert isinstance(request.media, VisionPrompt) and request.media.prepared is not None
+    prepared = request.media.prepared
+    pairs = zip(prepared.tokens, prepared.cache_key, strict=True)
+    return next(i for i, (token, key) in enumerate(pairs) if token != key)
+
+
+def test_media_are_prepared_off_the_submitting_thread(vlm: Any) -> None:
+    engine = VisionEngine(vlm, slots=2)
+    threads: list[str] = []
+    prepare = engine.prepare
+
+    def spy(prompt: VisionPrompt) -> Any:
+        threads.append(threading.current_thread().name)
+        return prepare(prompt)
+
+    engine.prepare = spy  # type: ignore[method-assign]
+    try:
+        request = _request(vlm, "What is it?", [_image((3, 3, 250))], 4)
+        sink: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+        engine.submit(request, sink.put)  # queues it; the processor runs on the engine
+        events = _drain(sink)
+        bad = _request(vlm, "What is it?", [_image((3, 3, 250))], 4)
+        bad.media.inputs.images = [object()]  # type: ignore[union-attr]  # not a picture
+        failed: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+        engine.submit(bad, failed.put)
+        failure = _drain(failed)
+    finally:
+        engine.stop()
+    assert events[-1].finish_reason == "length" and len(_tokens(events)) == 4
+    assert threads and all(name == "mlxcel-engine" for name in threads)
+    assert failure[-1].finish_reason == "error" and failure[-1].error
