@@ -51,6 +51,7 @@ class VisionEngine(TextEngine):
         *,
         slots: int = 1,
         context_per_slot: int | None = None,
+        kv_pool: int | None = None,
         prefill_chunk: int = 2048,
         max_queue_depth: int = 64,
         max_images: int = 16,
@@ -62,6 +63,7 @@ class VisionEngine(TextEngine):
             loaded,  # type: ignore[arg-type]  # the core reads .model, .tokenizer, .info
             slots=slots,
             context_per_slot=context_per_slot,
+            kv_pool=kv_pool,
             prefill_chunk=prefill_chunk,
             max_queue_depth=max_queue_depth,
             prompt_cache=prompt_cache,
