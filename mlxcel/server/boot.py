@@ -275,7 +275,8 @@ def vision_idle_sleep(settings: Settings, path: Path) -> IdleSleep | None:
 
 
 def _load_vision_into(state: ServerState, path: Path) -> None:
-    """Load the mlx-vlm model in `path` and start its one-slot engine."""
+    """Load the mlx-vlm model in `path` and start its batching engine."""
+    from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.vision.engine import VisionEngine
     from mlxcel.engine.vision.loader import load_vision_model
     from mlxcel.server.media import MediaPolicy
@@ -286,13 +287,19 @@ def _load_vision_into(state: ServerState, path: Path) -> None:
     template = chat_template_text(settings)
     if template is not None:
         loaded.tokenizer.chat_template = template
-    context = settings.ctx_size if settings.ctx_size > 0 else loaded.info.context_length
+    plan = plan_slots(settings, loaded.info.context_length)
+    cache = PromptCache.from_settings(settings)
     engine = VisionEngine(
         loaded,
-        context_per_slot=context,
+        slots=plan.slots,
+        context_per_slot=plan.context_per_slot,
+        kv_pool=plan.kv_pool,
+        prefill_chunk=settings.batch_size,
         max_queue_depth=settings.max_queue_depth,
+        prompt_cache=cache,
         sleep=vision_idle_sleep(settings, path),
     ).start()
+    state.prompt_cache = cache
     state.media = ModelMedia(
         modalities=loaded.modalities,
         native_video=loaded.native_video,
