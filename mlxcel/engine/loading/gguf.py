@@ -3,12 +3,11 @@
 Files holding only F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors are read with `mx.load`, which gives the
 Q4/Q8 ones as exact MLX quantized triplets (group size 32). Files with other types (K-quants,
 Q5_x, IQ*, ...) are read tensor by tensor instead -- `mx.load` refuses some of those, decodes
-Q4_K wrongly and would hold a float16 copy of every one: Q4_0/Q4_1/Q8_0/Q5_0/Q5_1 are repacked
-exactly (4-, 5- and 8-bit groups of 32), Q4_K into 4-bit groups of 32 (one per sub-block, its
-scale d*sc and offset dmin*m rounded once to the stored dtype), the rest dequantized with the
-`gguf` package and re-quantized to MLX affine at two bits more than the source type (the
-added rounding is about a quarter of the original's), or kept as float with
-`keep_float=True` (Q4_K too). Half-precision weights are cast to float32 when MLX runs on the
+Q4_K wrongly and would hold a float16 copy of every one: each quantized tensor is converted
+from its raw bytes into the MLX affine layout nearest its type (`gguf_quants`: exact for
+Q4_0/Q4_1/Q8_0/Q5_0/Q5_1, Q4_K/Q5_K up to one rounding of each scale, the nearest 8-bit
+grid for Q6_K, two bits more for the rest), or kept as float with `keep_float=True` for the
+types not held bit for bit. Half-precision weights are cast to float32 when MLX runs on the
 CPU, where float16 arithmetic is emulated and tens of times slower.
 
 llama.cpp permutes the Q/K rows of llama-arch files for its interleaved RoPE; they are permuted
@@ -25,7 +24,6 @@ import importlib
 import json
 import logging
 import mmap
-import re
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -41,6 +39,18 @@ from mlxcel.engine.loading.gguf_arch import (
     GGUFArchitecture,
     find_architecture,
 )
+from mlxcel.engine.loading.gguf_quants import (
+    BF16,
+    F16,
+    F32,
+    FLOAT_TYPES,
+    GROUP_SIZE,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    layout,
+    to_affine,
+)
 from mlxcel.engine.loading.gguf_tokenizer import (
     build_gguf_tokenizer,
     end_of_generation_ids,
@@ -51,18 +61,10 @@ from mlxcel.engine.loading.store import ModelStore
 
 log = logging.getLogger(__name__)
 
-GROUP_SIZE = 32
-_CONVERSION_VERSION = 4  # bump when the stored form changes: older entries are redone
+_CONVERSION_VERSION = 5  # bump when the stored form changes: older entries are redone
 
-# ggml type ids (gguf.GGMLQuantizationType) that mx.load decodes exactly.
-_F32, _F16, _Q4_0, _Q4_1, _Q8_0, _BF16 = 0, 1, 2, 3, 8, 30
-_Q5_0, _Q5_1, _Q4_K = 6, 7, 12
-_MX_EXACT = frozenset({_F32, _F16, _Q4_0, _Q4_1, _Q8_0, _BF16})
-# Read as MLX affine triplets (group size 32) holding the same values: bit for bit for
-# Q4_0/Q4_1/Q8_0/Q5_0/Q5_1, Q4_K's scale and offset products rounded once to the stored dtype.
-_REPACKED = frozenset({_Q4_0, _Q4_1, _Q8_0, _Q5_0, _Q5_1, _Q4_K})
-_HALF_MAX = 65504.0  # the largest float16
-_MLX_BITS = (3, 4, 5, 6, 8)
+# ggml types mx.load decodes exactly (Q4_0, Q4_1, Q8_0 as MLX triplets, group size 32).
+_MX_EXACT = FLOAT_TYPES | {Q4_0, Q4_1, Q8_0}
 
 _ROPE_FREQS = "rope_freqs.weight"
 
@@ -103,10 +105,19 @@ class TensorInfo:
             return f"type{self.ggml_type}"
 
     @property
-    def nbytes(self) -> int:
+    def block(self) -> tuple[int, int]:
+        """(values, bytes) of one block of its type; ValueError for a type gguf-py does not
+        know."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
+        try:
+            return GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"tensor {self.name}: unknown ggml type {self.ggml_type}") from exc
+
+    @property
+    def nbytes(self) -> int:
+        block, size = self.block
         rows = int(np.prod(self.shape[:-1], dtype=np.int64))
         return rows * (self.shape[-1] // block) * size
 
@@ -264,13 +275,20 @@ def read_gguf_header(path: Path | str) -> GGUFHeader:
 
 
 def _check_complete(tensors: list[TensorInfo], size: int) -> None:
-    """ValueError naming what is missing when tensor data lies past the end of the file."""
+    """ValueError naming what is missing when tensor data lies past the end of the file, or
+    the first tensor whose rows do not split into whole blocks of its type."""
     missing = []
     for info in tensors:
         try:
-            end = info.offset + info.nbytes
-        except (KeyError, ValueError):  # an unknown ggml type: its size cannot be told
+            values, _size = info.block
+        except ValueError:  # an unknown ggml type: its size cannot be told
             continue
+        if info.shape and info.shape[-1] % values:
+            raise ValueError(
+                f"truncated or corrupt GGUF: tensor {info.name} ({info.type_name}) has rows of "
+                f"{info.shape[-1]} values, not whole {values}-value blocks"
+            )
+        end = info.offset + info.nbytes
         if end > size:
             missing.append((info, end))
     if not missing:
@@ -375,7 +393,7 @@ def _hf_config(
         "max_position_embeddings": int(get("context_length", 4096)),
         "rope_theta": float(get("rope.freq_base", arch.default_rope_theta)),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "torch_dtype": "float32" if tensors["token_embd.weight"].ggml_type == _F32 else "float16",
+        "torch_dtype": "float32" if tensors["token_embd.weight"].ggml_type == F32 else "float16",
     }
     scaling = str(md.get(f"{arch.name}.rope.scaling.type", "none"))
     factor = md.get(f"{arch.name}.rope.scaling.factor")
@@ -448,7 +466,7 @@ def _load_native(path: Path, tensors: list[TensorInfo], f: Any) -> dict[str, Any
     assert isinstance(native, dict)
     checked: set[int] = set()
     for info in sorted(tensors, key=lambda t: t.nbytes):
-        if info.ggml_type in _REPACKED and info.ggml_type not in checked:
+        if info.ggml_type not in FLOAT_TYPES and info.ggml_type not in checked:
             checked.add(info.ggml_type)
             ours = _from_raw(f, info, mx.float16, keep_float=False)
             theirs = _from_native(native, info)
@@ -474,139 +492,25 @@ def _from_native(native: dict[str, Any], info: TensorInfo) -> dict[str, Any]:
 
 
 def _from_raw(f: Any, info: TensorInfo, dtype: Any, *, keep_float: bool) -> dict[str, Any]:
-    """One tensor read from the file: MLX triplets holding the same values for the types of
-    `_REPACKED`, float for float types, and everything else dequantized, then re-quantized
-    unless `keep_float`."""
-    if info.ggml_type in _REPACKED and not (keep_float and info.ggml_type == _Q4_K):
-        f.seek(info.offset)
-        raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
-        parts = _repack(raw, info)
-        if dtype != mx.float16 or all(
-            np.abs(parts[k]).max() <= _HALF_MAX for k in ("scales", "biases")
-        ):
-            return {k: mx.array(v) for k, v in parts.items()}
-        # A Q4_K scale product past float16's range: re-quantize this tensor instead.
-    array = mx.array(read_tensor_values(f, info)).astype(dtype)
-    if (
-        keep_float
-        or info.ggml_type in (_F32, _F16, _BF16)
-        or array.ndim != 2
-        or array.shape[-1] % GROUP_SIZE
-    ):
-        return {"weight": array}
-    bits = _requant_bits(info.type_name)
-    weight, scales, biases = mx.quantize(array, group_size=GROUP_SIZE, bits=bits)
-    return {"weight": weight, "scales": scales, "biases": biases}
-
-
-def _repack(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
-    """A `_REPACKED` tensor's blocks → MLX affine (weight, scales, biases), group size 32."""
-    if info.ggml_type in (_Q5_0, _Q5_1):
-        return _repack_q5(raw, info)
-    if info.ggml_type == _Q4_K:
-        return _repack_q4_k(raw, info)
-    return _repack_q4_q8(raw, info)
-
-
-def _repack_q4_q8(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
-    """Q4_0/Q4_1/Q8_0 blocks → MLX affine (weight, scales, biases), group size 32, exactly.
-
-    A block is an f16 scale d (Q4_1 also an f16 offset m) and 32 codes: Q8_0 int8 codes c
-    (value d*c), Q4_0 nibbles (value d*(q-8)), Q4_1 nibbles (value d*q + m), the first 16
-    codes in the low nibbles of the 16 bytes and the last 16 in the high ones.
-    """
-    lead = info.shape[:-1]
-    header = 4 if info.ggml_type == _Q4_1 else 2
-    blocks = raw.reshape(_rows(info), info.shape[-1] // GROUP_SIZE, -1)
-    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)
-    codes = blocks[..., header:]
-    if info.ggml_type == _Q8_0:
-        packed = codes ^ np.uint8(0x80)  # int8 c → uint8 c + 128
-        biases = scales * np.float16(-128)
-    else:  # MLX packs 8 nibbles per uint32, the first value lowest
-        packed = np.empty(codes.shape, np.uint8)
-        even, odd = codes[..., 0:16:2], codes[..., 1:16:2]
-        packed[..., :8] = (even & 0x0F) | (odd << 4)
-        packed[..., 8:] = (even >> 4) | (odd & 0xF0)
-        if info.ggml_type == _Q4_0:
-            biases = scales * np.float16(-8)
-        else:
-            biases = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)
-    weight = np.ascontiguousarray(packed).reshape(_rows(info), -1).view(np.uint32)
-    return {
-        "weight": weight.reshape(*lead, -1),
-        "scales": scales.reshape(*lead, -1),
-        "biases": biases.reshape(*lead, -1),
-    }
-
-
-def _repack_q5(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
-    """Q5_0/Q5_1 blocks → MLX 5-bit affine triplets, group size 32, exactly.
-
-    A block is an f16 scale d (Q5_1 also an f16 offset m), 32 high bits (a little-endian
-    uint32, bit i for value i) and 16 bytes of low nibbles (values 0-15 low, 16-31 high):
-    code q = nibble | high << 4, value d*(q-16) for Q5_0 and d*q + m for Q5_1.
-    """
-    lead, rows = info.shape[:-1], _rows(info)
-    header = 4 if info.ggml_type == _Q5_1 else 2
-    blocks = raw.reshape(rows, info.shape[-1] // GROUP_SIZE, -1)
-    scales = np.ascontiguousarray(blocks[..., :2]).view(np.float16)
-    high = np.ascontiguousarray(blocks[..., header : header + 4]).view(np.uint32)
-    nibbles = blocks[..., header + 4 :]
-    low = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
-    shifts = np.arange(GROUP_SIZE, dtype=np.uint32)
-    codes = low | (((high >> shifts) & 1).astype(np.uint8) << 4)
-    if info.ggml_type == _Q5_0:
-        biases = scales * np.float16(-16)
-    else:
-        biases = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)
-    return {
-        "weight": _pack_bits(codes, 5).reshape(*lead, -1),
-        "scales": scales.reshape(*lead, -1),
-        "biases": biases.reshape(*lead, -1),
-    }
-
-
-def _repack_q4_k(raw: np.ndarray, info: TensorInfo) -> dict[str, np.ndarray]:
-    """Q4_K super-blocks → MLX 4-bit affine triplets, group size 32.
-
-    A super-block of 256 values is f16 d and dmin, 12 bytes of 6-bit scales sc and offsets
-    m for its eight 32-value sub-blocks, and 128 bytes of nibbles (each 32-byte chunk holds
-    two sub-blocks: the first in the low nibbles, the second in the high ones); value
-    d*sc*q - dmin*m. Each sub-block is an MLX group with scale d*sc and bias -dmin*m,
-    computed in float32 (exact) and rounded once where they are stored in float16.
-    """
-    lead, rows = info.shape[:-1], _rows(info)
-    blocks = raw.reshape(rows, info.shape[-1] // 256, -1)
-    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)
-    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
-    packed = blocks[..., 4:16]
-    a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    sc = np.concatenate([a & 0x3F, (c & 0x0F) | ((a >> 2) & 0x30)], axis=-1)
-    m = np.concatenate([b & 0x3F, (c >> 4) | ((b >> 2) & 0x30)], axis=-1)
-    chunks = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)
-    codes = np.concatenate([chunks & 0x0F, chunks >> 4], axis=-2)  # (.., 4 chunks, 2, 32)
-    return {
-        "weight": _pack_bits(codes.reshape(rows, -1, GROUP_SIZE), 4).reshape(*lead, -1),
-        "scales": (d * sc.astype(np.float32)).reshape(*lead, -1),
-        "biases": (-dmin * m.astype(np.float32)).reshape(*lead, -1),
-    }
-
-
-def _pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Codes (uint8, last axis a multiple of 8) packed as MLX packs them: a little-endian
-    bit stream, value i at bits [i*bits, (i+1)*bits), read as uint32 words per row."""
-    rows = codes.shape[0]
-    octets = codes.reshape(rows, -1, 8).astype(np.uint64)
-    words = (octets << (np.arange(8, dtype=np.uint64) * np.uint64(bits))).sum(
-        axis=-1, dtype=np.uint64
-    )
-    stream = words.view(np.uint8).reshape(rows, -1, 8)[..., :bits]
-    return np.ascontiguousarray(stream).reshape(rows, -1).view(np.uint32)
-
-
-def _rows(info: TensorInfo) -> int:
-    return int(np.prod(info.shape[:-1], dtype=np.int64))
+    """One tensor read from the file: float types as float, quantized ones as MLX triplets
+    (`gguf_quants.to_affine`, from the raw bytes); with `keep_float`, types MLX does not hold
+    bit for bit (K-quants, IQ*, ...) as float instead. A tensor whose rows do not split into
+    groups of 32, or whose scales overflow float16, is read as float."""
+    quantized = info.ggml_type not in FLOAT_TYPES and len(info.shape) >= 2
+    if quantized and info.shape[-1] % GROUP_SIZE == 0:
+        kind = layout(info.ggml_type, info.type_name)
+        if kind.fidelity == "exact" or not keep_float:
+            nbytes = info.nbytes
+            f.seek(info.offset)
+            raw = np.frombuffer(f.read(nbytes), dtype=np.uint8)
+            stored = np.float16 if dtype == mx.float16 else np.float32
+            try:
+                parts = to_affine(raw, info.ggml_type, info.type_name, info.shape, stored)
+            except ValueError as exc:
+                raise ValueError(f"tensor {info.name}: {exc}") from exc
+            if parts is not None:
+                return {k: mx.array(v) for k, v in parts.items()}
+    return {"weight": mx.array(read_tensor_values(f, info)).astype(dtype)}
 
 
 def read_tensor_values(f: Any, info: TensorInfo) -> np.ndarray:
@@ -617,11 +521,11 @@ def read_tensor_values(f: Any, info: TensorInfo) -> np.ndarray:
 
     f.seek(info.offset)
     raw = np.frombuffer(f.read(info.nbytes), dtype=np.uint8)
-    if info.ggml_type == _F32:
+    if info.ggml_type == F32:
         return raw.view(np.float32).reshape(info.shape)
-    if info.ggml_type == _F16:
+    if info.ggml_type == F16:
         return raw.view(np.float16).reshape(info.shape)
-    if info.ggml_type == _BF16:
+    if info.ggml_type == BF16:
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
     rows = raw.reshape(*info.shape[:-1], -1)
     try:
@@ -629,13 +533,6 @@ def read_tensor_values(f: Any, info: TensorInfo) -> np.ndarray:
     except (ValueError, NotImplementedError) as exc:
         raise ValueError(f"tensor {info.name}: cannot read type {info.type_name}") from exc
     return np.asarray(values, dtype=np.float32).reshape(info.shape)
-
-
-def _requant_bits(type_name: str) -> int:
-    """MLX bits for re-quantizing a dequantized tensor: two more than the source type's."""
-    digits = re.search(r"\d", type_name)
-    nominal = 2 if type_name.startswith("TQ") else int(digits.group()) if digits else 6
-    return next((b for b in _MLX_BITS if b >= nominal + 2), 8)
 
 
 def _bits(weights: dict[str, Any], scales_key: str) -> int:
@@ -683,6 +580,7 @@ def _build_model(
             return False
         return {"group_size": GROUP_SIZE, "bits": _bits(weights, f"{path}.scales")}
 
+    _check_shapes(model, weights)
     nn.quantize(model, group_size=GROUP_SIZE, bits=4, class_predicate=quantized)
     model.load_weights(list(weights.items()), strict=True)
     if rope_factors is not None:
@@ -693,6 +591,27 @@ def _build_model(
     mx.eval(model.parameters())
     model.eval()
     return model
+
+
+def _check_shapes(model: nn.Module, weights: dict[str, Any]) -> None:
+    """ValueError naming the first weight whose shape (a quantized one's unpacked) is not
+    the one the model's hyper-parameters give it."""
+    from mlx.utils import tree_flatten
+
+    expected = dict(tree_flatten(model.parameters()))
+    for key, value in weights.items():
+        want = expected.get(key)
+        if want is None:  # scales, biases; names the model lacks fail its strict load
+            continue
+        shape = tuple(value.shape)
+        scales = weights.get(f"{key.removesuffix('.weight')}.scales")
+        if key.endswith(".weight") and scales is not None:
+            shape = (*shape[:-1], scales.shape[-1] * GROUP_SIZE)
+        if shape != tuple(want.shape):
+            raise ValueError(
+                f"inconsistent GGUF: {key} has shape {shape}, but the file's "
+                f"hyper-parameters give {tuple(want.shape)}"
+            )
 
 
 class _FactoredRoPE(nn.Module):

@@ -1,0 +1,222 @@
+"""GGUF quantized tensors load into MLX quantized layers: each type in its stated layout and
+within its stated error of gguf-py's dequantization (docs/models.md), a tiny model with
+K-quant tensors decodes as the same model with the dequantized float weights, and
+inconsistent files are refused with one line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from fixtures.gguf_quant_blocks import (
+    QUANT_TYPES,
+    random_blocks,
+    with_tensors_replaced,
+    write_tensors_gguf,
+)
+from fixtures.tiny_models import write_tiny_gguf
+
+from mlxcel.engine.loading import gguf as gguf_loader
+from mlxcel.engine.loading.gguf import load_gguf, read_gguf_header
+
+# ggml type -> (MLX bits, the largest |error| / the tensor's largest |value| on the random test
+# tensor with float16 scales, as docs/models.md states it); 0: bit for bit
+STATED = {
+    "Q8_0": (8, 0.0),
+    "Q4_0": (4, 0.0),
+    "Q4_1": (4, 0.0),
+    "Q5_0": (5, 0.0),
+    "Q5_1": (5, 0.0),
+    "Q4_K": (4, 3e-4),
+    "Q5_K": (5, 4e-4),
+    "Q6_K": (8, 5e-3),
+    "Q3_K": (5, 3e-2),
+    "Q2_K": (4, 3e-2),
+    "IQ4_NL": (6, 1.5e-2),
+    "IQ4_XS": (6, 1.5e-2),
+}
+ROUNDED = ("Q4_K", "Q5_K")  # exact but for the scale and bias products' rounding
+EXACT = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+PROMPT = [[0, 17, 301, 5, 88, 260, 412, 3]]
+
+
+def test_every_type_is_covered() -> None:
+    assert set(STATED) == set(QUANT_TYPES)
+
+
+def dequantized(parts: dict[str, Any], bits: int) -> np.ndarray:
+    weight = mx.dequantize(
+        parts["weight"],
+        parts["scales"].astype(mx.float32),
+        parts["biases"].astype(mx.float32),
+        group_size=32,
+        bits=bits,
+    )
+    return np.array(weight)
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.float32])
+@pytest.mark.parametrize("quant", QUANT_TYPES)
+def test_each_type_loads_quantized_within_its_stated_error(
+    quant: str, dtype: Any, tmp_path: Path
+) -> None:
+    """Read through the loader's header parser and tensor reader from a file, the tensor is
+    an MLX triplet of the stated width: bit for bit, exact but for the float16 rounding of
+    each group's scale and bias (Q4_K/Q5_K), or within half a step of its group (the nearest
+    layouts), and within the stated error of the tensor's largest value."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(sum(map(ord, quant)))
+    raw = random_blocks(quant, 48, 512, rng, largest=4.0)
+    path = write_tensors_gguf(tmp_path / f"{quant}.gguf", {"w.weight": (raw, quant)})
+    (info,) = read_gguf_header(path).tensors
+    assert (info.type_name, info.shape) == (quant, (48, 512))
+    with open(path, "rb") as f:
+        parts = gguf_loader._from_raw(f, info, dtype, keep_float=False)
+    bits, stated = STATED[quant]
+    assert parts["weight"].dtype == mx.uint32 and parts["scales"].dtype == dtype
+    assert parts["weight"].shape == (48, 512 * bits // 32) and parts["scales"].shape == (48, 16)
+    reference = dequantize(raw, GGMLQuantizationType[quant]).astype(np.float32)
+    error = np.abs(dequantized(parts, bits) - reference).reshape(48, 16, 32).max(axis=-1)
+    if quant in EXACT or (quant in ROUNDED and dtype == mx.float32):
+        assert error.max() == 0
+        return
+    scale = np.abs(np.array(parts["scales"].astype(mx.float32)))
+    bias = np.abs(np.array(parts["biases"].astype(mx.float32)))
+    # the scale and bias as stored: float16 keeps 11 bits, and steps of 2**-24 below 2**-14
+    rounding, tiny = (2.0**-11, 2.0**-25) if dtype == mx.float16 else (2.0**-23, 0.0)
+    bound = rounding * (scale * ((1 << bits) - 1) + bias) + tiny * (1 << bits)
+    if quant not in ROUNDED:
+        bound += scale / 2  # the nearest grid point
+    assert np.all(error <= bound * 1.001 + 1e-7)
+    if dtype == mx.float16:
+        assert 0 < error.max() <= stated * np.abs(reference).max()
+
+
+def test_q6_k_keeps_the_larger_sub_block_exact(tmp_path: Path) -> None:
+    """A Q6_K group holds two 16-value sub-blocks: the one with the larger |scale| is on the
+    8-bit grid (a quarter of its step), the other within an eighth of that step."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    raw = random_blocks("Q6_K", 16, 256, np.random.default_rng(6))
+    path = write_tensors_gguf(tmp_path / "q6.gguf", {"w.weight": (raw, "Q6_K")})
+    (info,) = read_gguf_header(path).tensors
+    with open(path, "rb") as f:
+        parts = gguf_loader._from_raw(f, info, mx.float32, keep_float=False)
+    reference = dequantize(raw, GGMLQuantizationType.Q6_K).reshape(16, 8, 2, 16)
+    error = np.abs(dequantized(parts, 8).reshape(16, 8, 2, 16) - reference)
+    sc = raw.reshape(16, 210)[:, 192:208].view(np.int8).astype(np.int32).reshape(16, 8, 2)
+    larger = np.abs(sc).argmax(axis=-1)
+    held = np.take_along_axis(error, larger[..., None, None], axis=2)
+    d = raw.reshape(16, 210)[:, 208:210].copy().view(np.float16).astype(np.float32)
+    step = np.abs(d) * np.abs(sc).max(axis=-1)
+    assert held.max() <= 1e-6 * np.abs(reference).max()
+    assert np.all(error.max(axis=(-1, -2)) <= step / 8 * 1.001 + 1e-7)
+
+
+@pytest.fixture(scope="module")
+def float_gguf(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("quant-models") / "tiny-llama.F32.gguf"
+    return write_tiny_gguf(tiny_llama_dir, out, "F32")
+
+
+def greedy(model: Any, steps: int = 8) -> list[int]:
+    ids = list(PROMPT[0])
+    for _ in range(steps):
+        ids.append(int(mx.argmax(model(mx.array([ids]))[0, -1]).item()))
+    return ids[len(PROMPT[0]) :]
+
+
+@pytest.mark.parametrize("quant", ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS"])
+def test_tiny_model_with_k_quant_tensors_decodes_as_its_float_weights(
+    quant: str, float_gguf: Path, tmp_path: Path
+) -> None:
+    """Every `ffn_down` (64 x 256) of the tiny llama as random `quant` blocks: loaded as MLX
+    quantized layers it decodes the same greedy tokens as loaded with gguf-py's dequantized
+    float weights (`keep_float`) where the layout is exact (Q4_K, Q5_K: the file's float32
+    scales hold the products exactly), and close logits where it is the nearest."""
+    rng = np.random.default_rng(27)
+    tensors = {
+        f"blk.{i}.ffn_down.weight": (random_blocks(quant, 64, 256, rng, largest=0.3), quant)
+        for i in range(2)
+    }
+    path = with_tensors_replaced(float_gguf, tmp_path / f"llama.{quant}.gguf", tensors)
+    quantized = load_gguf(path).model
+    floats = load_gguf(path, keep_float=True).model
+    down = quantized.layers[1].mlp.down_proj
+    assert hasattr(down, "scales") and down.bits == STATED[quant][0]
+    assert not hasattr(floats.layers[1].mlp.down_proj, "scales")
+    inputs = mx.array(PROMPT)
+    got, want = np.array(quantized(inputs)), np.array(floats(inputs))
+    if quant in ROUNDED:
+        assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+        assert greedy(quantized) == greedy(floats)
+    else:
+        assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def refused_in_one_line(path: Path, message: str, *, before_listening: bool = True) -> None:
+    """`mlxcel generate` exits 2 with one error line; `mlxcel serve` exits 2 with it too,
+    before it listens when the header tells (else once its model load fails)."""
+    for command in ("generate", "serve"):
+        args = [sys.executable, "-m", "mlxcel", command, "-m", str(path)]
+        args += ["hi"] if command == "generate" else ["--port", "0"]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        if command == "serve" and not before_listening:
+            assert lines[0].startswith("mlxcel: listening on ")
+            lines = lines[1:]
+        [line] = lines
+        assert line.startswith("mlxcel: error: ") and message in line, line
+        assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_rows_not_whole_blocks_are_refused(tmp_path: Path) -> None:
+    """A Q4_K tensor whose rows (300 values) do not split into 256-value blocks."""
+    raw = random_blocks("Q4_K", 4, 256, np.random.default_rng(1))
+    path = write_tensors_gguf(tmp_path / "odd.gguf", {"odd.weight": (raw, "Q4_K")})
+    data = bytearray(path.read_bytes())
+    name = b"odd.weight"
+    dims = data.index(name) + len(name) + 4  # after the name: n_dims (uint32), then dims
+    assert int.from_bytes(data[dims : dims + 8], "little") == 256
+    data[dims : dims + 8] = (300).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    message = "tensor odd.weight (Q4_K) has rows of 300 values, not whole 256-value blocks"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_gguf_header(path)
+    refused_in_one_line(path, message)
+
+
+def test_a_tensor_of_another_shape_than_the_hyper_parameters_is_refused(
+    float_gguf: Path, tmp_path: Path
+) -> None:
+    raw = random_blocks("Q5_K", 64, 512, np.random.default_rng(2))
+    path = with_tensors_replaced(
+        float_gguf, tmp_path / "wide.gguf", {"blk.0.ffn_down.weight": (raw, "Q5_K")}
+    )
+    message = "down_proj.weight has shape (64, 512), but the file's hyper-parameters give (64, 256)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_gguf(path)
+    # the header is sound: serve finds the mismatch when it loads the weights, past listening
+    refused_in_one_line(path, message, before_listening=False)
+
+
+def test_k_quant_data_past_the_end_is_refused(float_gguf: Path, tmp_path: Path) -> None:
+    raw = random_blocks("Q6_K", 64, 256, np.random.default_rng(3))
+    whole = with_tensors_replaced(
+        float_gguf, tmp_path / "whole.gguf", {"blk.1.ffn_down.weight": (raw, "Q6_K")}
+    )
+    data = whole.read_bytes()
+    (last,) = [t for t in read_gguf_header(whole).tensors if t.offset + t.nbytes == len(data)]
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[: last.offset + last.nbytes // 2])
+    refused_in_one_line(path, "truncated or corrupt GGUF: the file has")
