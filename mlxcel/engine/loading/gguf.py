@@ -116,10 +116,14 @@ class TensorInfo:
             raise ValueError(f"tensor {self.name}: unknown ggml type {self.ggml_type}") from exc
 
     @property
+    def rows(self) -> int:
+        """Rows of its last axis: the product of the other dimensions."""
+        return int(np.prod(self.shape[:-1], dtype=np.int64))
+
+    @property
     def nbytes(self) -> int:
         block, size = self.block
-        rows = int(np.prod(self.shape[:-1], dtype=np.int64))
-        return rows * (self.shape[-1] // block) * size
+        return self.rows * (self.shape[-1] // block) * size
 
 
 @dataclass
@@ -500,12 +504,16 @@ def _from_raw(f: Any, info: TensorInfo, dtype: Any, *, keep_float: bool) -> dict
     if quantized and info.shape[-1] % GROUP_SIZE == 0:
         kind = layout(info.ggml_type, info.type_name)
         if kind.fidelity == "exact" or not keep_float:
-            nbytes = info.nbytes
-            f.seek(info.offset)
-            raw = np.frombuffer(f.read(nbytes), dtype=np.uint8)
+            row_bytes = info.nbytes // info.rows
+
+            def read_rows(start: int, stop: int) -> np.ndarray:
+                f.seek(info.offset + start * row_bytes)
+                raw = np.frombuffer(f.read((stop - start) * row_bytes), dtype=np.uint8)
+                return raw.reshape(stop - start, row_bytes)
+
             stored = np.float16 if dtype == mx.float16 else np.float32
             try:
-                parts = to_affine(raw, info.ggml_type, info.type_name, info.shape, stored)
+                parts = to_affine(read_rows, info.ggml_type, info.type_name, info.shape, stored)
             except ValueError as exc:
                 raise ValueError(f"tensor {info.name}: {exc}") from exc
             if parts is not None:

@@ -41,6 +41,7 @@ FLOAT_TYPES = frozenset({F32, F16, BF16})
 
 Groups = tuple[np.ndarray, np.ndarray, np.ndarray]  # codes uint8 (rows, groups, 32), scales, biases
 Decoder = Callable[[np.ndarray, type[np.floating]], Groups]
+RowReader = Callable[[int, int], np.ndarray]  # (start, stop) -> raw bytes, a row each
 
 
 @dataclass(frozen=True)
@@ -66,29 +67,28 @@ def layout(ggml_type: int, type_name: str) -> Layout:
 
 
 def to_affine(
-    raw: np.ndarray, ggml_type: int, type_name: str, shape: tuple[int, ...], dtype: type
+    read_rows: RowReader, ggml_type: int, type_name: str, shape: tuple[int, ...], dtype: type
 ) -> dict[str, np.ndarray] | None:
-    """The tensor of `shape` stored in `raw` (its bytes) as MLX (weight, scales, biases),
-    scales and biases in `dtype` (float16 or float32); None when a scale or bias does not
-    fit float16. Rows are converted `_CHUNK_VALUES` values at a time."""
+    """The tensor of `shape` whose raw bytes `read_rows(start, stop)` gives (uint8, a row
+    each) as MLX (weight, scales, biases), scales and biases in `dtype` (float16 or float32);
+    None when a scale or bias does not fit float16. Rows are read and converted
+    `_CHUNK_VALUES` values at a time."""
     bits = layout(ggml_type, type_name).bits
     decode = _DECODERS.get(ggml_type) or _nearest(ggml_type, bits)
     width = shape[-1]
     rows = int(np.prod(shape[:-1], dtype=np.int64))
-    by_row = raw.reshape(rows, -1)
     weight = np.empty((rows, width * bits // 32), np.uint32)
     scales: np.ndarray = np.empty((rows, width // GROUP_SIZE), dtype)
     biases = np.empty_like(scales)
     step = max(1, _CHUNK_VALUES // width)
     for start in range(0, rows, step):
-        chunk = by_row[start : start + step]
-        codes, scale, bias = decode(chunk, dtype)
+        end = min(start + step, rows)
+        codes, scale, bias = decode(read_rows(start, end), dtype)
         if dtype == np.float16 and max(np.abs(scale).max(), np.abs(bias).max()) > _HALF_MAX:
             return None
-        end = start + len(chunk)
-        weight[start:end] = _pack_bits(codes.reshape(len(chunk), -1), bits)
-        scales[start:end] = scale.reshape(len(chunk), -1)
-        biases[start:end] = bias.reshape(len(chunk), -1)
+        weight[start:end] = _pack_bits(codes.reshape(end - start, -1), bits)
+        scales[start:end] = scale.reshape(end - start, -1)
+        biases[start:end] = bias.reshape(end - start, -1)
     lead = shape[:-1]
     return {
         "weight": weight.reshape(*lead, -1),
