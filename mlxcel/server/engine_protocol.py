@@ -12,8 +12,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from mlxcel.engine.text.engine_state import EngineSnapshot
     from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
-    from mlxcel.engine.text.scheduler import EngineSnapshot
 
 
 class GenerationEngine(Protocol):

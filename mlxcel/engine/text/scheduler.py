@@ -4,7 +4,9 @@
 is the same core with its own step inputs (`_step_model`: which model the batched step
 runs; `_start_cache`: how a prompt reaches the KV cache it starts from; `_cache_key`: how
 the prompt cache names it), so the queue, admission, sleep and the token pipeline below
-exist once.
+exist once. A request it holds is a `RunningSequence` (running_sequence.py); what it shows
+the observability routes is in engine_state.py; a token's log-probabilities come from
+token_logprobs.py.
 
 Requests wait in a priority queue (`X-Priority`), are admitted into free slots, prefill
 in chunks while other slots decode, and every decoding slot advances in one batched
@@ -38,21 +40,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Self
 
 from mlxcel.config import process_env
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel
 from mlxcel.engine.process_memory import release_memory
+from mlxcel.engine.text.engine_state import EngineCounters, EngineSnapshot, SlotState
 from mlxcel.engine.text.memory_budget import AdmissionControl
 from mlxcel.engine.text.request import (
     GenerationEvent,
     GenerationRequest,
     PromptProgress,
-    Timings,
     TokenLogprob,
 )
+from mlxcel.engine.text.running_sequence import EventSink, RunningSequence
 from mlxcel.engine.text.sleep import (
     IdleSleep,
     Sleeps,
@@ -63,95 +66,9 @@ from mlxcel.engine.text.sleep import (
 )
 from mlxcel.engine.text.speculative import SpeculationConfig
 from mlxcel.engine.text.submission import iterate_events, token_budget
+from mlxcel.engine.text.token_logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
-
-EventSink = Callable[[GenerationEvent], None]
-"""Receives a request's events on the engine thread. A sink may also have a `flush()`
-method: the engine then calls it once after each loop iteration in which the sink got
-events (see `TextEngine.flushes_sinks`), so a sink can hold events and wake its reader
-once per decode step instead of once per event."""
-
-
-@dataclass
-class EngineCounters:
-    """Cumulative counters for `/metrics`."""
-
-    requests_total: int = 0
-    prompt_tokens_total: int = 0
-    completion_tokens_total: int = 0
-    generation_seconds_total: float = 0.0
-    sequences_started: int = 0
-    sequences_completed: int = 0
-    prefill_tokens_total: int = 0
-    decode_tokens_total: int = 0
-    decode_steps: int = 0
-    prefill_chunks: int = 0
-    prompt_seconds_total: float = 0.0
-    decode_seconds_total: float = 0.0
-    busy_slots_per_decode_total: int = 0  # sum over decode steps of the slots they advanced
-    n_tokens_max: int = 0  # the most tokens (prompt + generated) any request held
-    busy_slots_max: int = 0
-
-
-@dataclass(frozen=True)
-class SlotState:
-    """What one slot is doing, for `/slots` and `/health`."""
-
-    id: int
-    state: str  # "idle" | "decoding" | "prefilling"
-    request_id: str | None = None
-    n_prompt: int = 0
-    n_decoded: int = 0
-    used: bool = False  # has run a request since the engine started
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """A consistent view of the engine for the observability routes."""
-
-    slots: tuple[SlotState, ...]
-    queued: tuple[str, ...]
-    counters: EngineCounters
-    context_per_slot: int
-
-
-@dataclass
-class RunningSequence:
-    """A request the engine holds, from the queue to its last event."""
-
-    request: GenerationRequest
-    sink: EventSink
-    max_tokens: int
-    submitted: float = field(default_factory=time.perf_counter)
-    uid: int = -1
-    slot: int = -1
-    admitted: float = 0.0
-    first_token: float = 0.0
-    cache_n: int = 0  # prompt tokens found in the prompt cache
-    start_n: int = 0  # prompt tokens already in the KV cache the sequence starts from
-    n_generated: int = 0
-    prefilled: bool = False
-    detok: Any = None
-    stopper: Any = None
-    loop: Any = None
-    finished: bool = False
-    flush: Callable[[], None] | None = None  # the sink's `flush`, if it has one
-    sampler: Any = None
-    row: Any = None  # sampling.batched.RowSampling when the engine samples batched
-    spec: Any = None  # speculative.lane.SequenceSpeculation when the request may speculate
-    position_delta: int = 0  # a vision row's position shift after its media (mRoPE)
-    progress_sent: int = -1  # the last prefill progress reported (`processed`)
-    prefill_done: int = 0  # uncached prompt tokens the generator has prefilled
-
-    def kv_tokens(self, n_generated: int) -> int:
-        """Tokens in this sequence's KV cache once it has generated `n_generated` tokens:
-        its prompt and every generated token but the last (not fed back yet); while it
-        prefills, the cached prefix and the chunks done so far."""
-        n_prompt = len(self.request.prompt_tokens)
-        if n_generated > 0:
-            return n_prompt + n_generated - 1
-        return min(n_prompt, self.start_n + self.prefill_done)
 
 
 def _first_line(exc: Exception) -> str:
@@ -678,29 +595,26 @@ class TextEngine(Sleeps):
         job.n_generated += 1
         self.counters.decode_tokens_total += 1
         token = int(r.token)
+        detok = job.detok
+        assert detok is not None  # set at admission
         if job.spec is not None:
             job.spec.history.append(token)
         if r.finish_reason is not None:  # the generator dropped it: keep its KV for reuse
             self._store_prompt_cache(job, r.all_tokens, r.prompt_cache)
         if r.finish_reason == "stop":  # an end-of-generation token: not part of the output
             job.n_generated -= 1
-            self._finish(job, "stop", tail=job.detok.flush())
+            self._finish(job, "stop", tail=detok.flush())
             return
-        request = job.request
-        text = job.detok.add(token)
-        logprobs: tuple[TokenLogprob, ...] = ()
-        if request.logprobs is not None and request.post_sampling_probs:
-            logprobs = self._post_logprobs(job, r, token, request.logprobs)
-        elif request.logprobs is not None:
-            logprobs = self._logprobs(r, token, request.logprobs)
-        stop_hit = False
-        if job.stopper is not None and text:
-            text, stop_hit = job.stopper.feed(text)
-        if stop_hit:
-            self._emit(job, text, token, logprobs)
-            self._remove(generator, job)
-            self._finish(job, "stop", stop_word=job.stopper.matched)
-            return
+        text = detok.add(token)
+        logprobs = token_logprobs(job, r.logprobs, token)
+        stopper = job.stopper
+        if stopper is not None and text:
+            text, stop_hit = stopper.feed(text)
+            if stop_hit:
+                self._emit(job, text, token, logprobs)
+                self._remove(generator, job)
+                self._finish(job, "stop", stop_word=stopper.matched)
+                return
         if job.loop is not None and job.loop.push(token):
             self._emit(job, text, token, logprobs)
             self._remove(generator, job)
@@ -742,36 +656,12 @@ class TextEngine(Sleeps):
             log.exception("prompt cache insert failed")
 
     def _flush_text(self, job: RunningSequence) -> str:
+        assert job.detok is not None  # set at admission
         tail = job.detok.flush()
         if job.stopper is not None:
             held, hit = job.stopper.feed(tail) if tail else ("", False)
             return held if hit else held + job.stopper.flush()
         return tail
-
-    def _logprobs(self, r: Any, token: int, top_n: int) -> tuple[TokenLogprob, ...]:
-        import mlx.core as mx
-
-        row = r.logprobs
-        top: tuple[tuple[int, float], ...] = ()
-        if top_n > 0:
-            k = min(top_n, row.shape[-1])
-            idx = mx.argpartition(-row, kth=k - 1)[:k]
-            ids: list[int] = idx.tolist()  # type: ignore[assignment]
-            vals: list[float] = row[idx].tolist()  # type: ignore[assignment]
-            top = tuple(sorted(zip(ids, vals, strict=True), key=lambda p: -p[1]))
-        return (TokenLogprob(token, float(row[token].item()), top),)
-
-    def _post_logprobs(
-        self, job: RunningSequence, r: Any, token: int, top_n: int
-    ) -> tuple[TokenLogprob, ...]:
-        """`token` and `top_n` alternatives under the distribution the sampler drew it from:
-        the batch sampler's own record, else computed again from the step's row."""
-        got = job.row.take_post(token) if job.row is not None else None
-        if got is None:
-            from mlxcel.engine.sampling.samplers import post_sampling_of
-
-            got = post_sampling_of(job.request.sampling, r.logprobs, token, top_n, job.sampler)
-        return (TokenLogprob(token, got[0], got[1]),)
 
     def _flush_sinks(self) -> None:
         """Call `flush()` once on every sink that got events since the last call."""
@@ -796,9 +686,7 @@ class TextEngine(Sleeps):
                 token_ids=(token,),
                 logprobs=logprobs,
                 slot=job.slot,
-                timings=self._timings(job, time.perf_counter())
-                if job.request.timings_per_token
-                else None,
+                timings=job.timings(time.perf_counter()) if job.request.timings_per_token else None,
             )
         )
 
@@ -821,17 +709,6 @@ class TextEngine(Sleeps):
             )
         )
 
-    def _timings(self, job: RunningSequence, end: float) -> Timings:
-        """The request's timings as of `end` (the prompt's end at its first token)."""
-        first = job.first_token or end
-        return Timings(
-            prompt_n=len(job.request.prompt_tokens) - job.cache_n,
-            prompt_ms=(first - job.admitted) * 1000 if job.admitted else 0.0,
-            predicted_n=job.n_generated,
-            predicted_ms=(end - first) * 1000,
-            cache_n=job.cache_n,
-        )
-
     def _finish(
         self,
         job: RunningSequence,
@@ -847,7 +724,7 @@ class TextEngine(Sleeps):
         if job is self._lane_job:
             self._lane = self._lane_job = None
         end = time.perf_counter()
-        timings = self._timings(job, end)
+        timings = job.timings(end)
         spec = job.spec
         if spec is not None and spec.draft_rounds:
             timings.draft_n = spec.draft_n

@@ -31,7 +31,8 @@ from typing import Any
 
 from mlxcel.engine.errors import InvalidRequestError
 from mlxcel.engine.text.request import GenerationEvent, GenerationRequest
-from mlxcel.engine.text.scheduler import RunningSequence, TextEngine
+from mlxcel.engine.text.running_sequence import RunningSequence
+from mlxcel.engine.text.scheduler import TextEngine
 from mlxcel.engine.text.sleep import IdleSleep
 from mlxcel.engine.text.submission import token_budget
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
