@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mlxcel.engine.text.scheduler import EngineCounters
+    from mlxcel.engine.text.engine_state import EngineCounters
     from mlxcel.server.state import ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -29,7 +29,7 @@ from mlxcel.server.state import ServerState, get_state
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
-    from mlxcel.engine.text.scheduler import SlotState
+    from mlxcel.engine.text.engine_state import SlotState
     from mlxcel.server.engine_protocol import GenerationEngine
 
 router = APIRouter()
