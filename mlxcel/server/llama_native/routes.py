@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mlxcel.server.chat.messages_body import ChatMessagesBody
 from mlxcel.server.llama_native.protocol import (
     DetokenizeRequest,
     InfillRequest,
@@ -18,7 +19,6 @@ from mlxcel.server.llama_native.protocol import (
     TokenizeRequest,
 )
 from mlxcel.server.llama_native.serving import NativeServing
-from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
 from mlxcel.server.openai_common import parse_body
 from mlxcel.server.state import ServerState, get_state
 
@@ -57,5 +57,5 @@ async def detokenize(raw: Request, state: ServerState = Depends(get_state)) -> d
 @router.post("/apply-template")
 async def apply_template(raw: Request, state: ServerState = Depends(get_state)) -> dict[str, Any]:
     """The chat-templated prompt of `messages`, not generated from."""
-    body = await parse_body(raw, ChatCompletionRequest)
+    body = await parse_body(raw, ChatMessagesBody)
     return await NativeServing(state).apply_template(body)

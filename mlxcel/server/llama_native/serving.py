@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxcel.engine.text.request import GenerationRequest
+from mlxcel.server.chat.core import ChatCore
 from mlxcel.server.errors import APIError, bad_request, model_loading
 from mlxcel.server.generation import Job
 from mlxcel.server.llama_native.encoder import NativeEncoder
@@ -30,7 +31,7 @@ from mlxcel.server.structured import compile_response_format
 
 if TYPE_CHECKING:
     from mlxcel.engine.tokenizer import Tokenizer
-    from mlxcel.server.openai_chat.protocol import ChatCompletionRequest
+    from mlxcel.server.chat.messages_body import ChatMessagesBody
     from mlxcel.server.state import ServerState
 
 
@@ -188,13 +189,11 @@ class NativeServing:
         text = await run_in_threadpool(tokenizer.decode, ids)
         return {"content": text}
 
-    async def apply_template(self, body: ChatCompletionRequest) -> dict[str, Any]:
+    async def apply_template(self, body: ChatMessagesBody) -> dict[str, Any]:
         """POST /apply-template: the chat prompt the model would see, as text (the same
         rendering as the chat route: tools, assistant prefill, generation prompt)."""
-        from mlxcel.server.openai_chat.serving import ChatServing
-
         self.tokenizer  # noqa: B018 -- 503 while the model loads
-        return {"prompt": await ChatServing(self.state).prompt_text(body)}
+        return {"prompt": await ChatCore(self.state).prompt_text(body.chat_request())}
 
 
 def _logprobs_wanted(body: NativeCompletionRequest) -> int | None:
