@@ -96,9 +96,9 @@ class Encoder:
         raise NotImplementedError
 
     def abandoned(self, why: str) -> None:
-        """The response ended without its answer (`why`: "disconnected" or "failed"). A
-        collected answer calls it only then; a stream calls it whenever the response
-        closes, also after a normal end, so it must do nothing once the answer is settled."""
+        """The response ended without its answer (`why`: "disconnected" or "failed"):
+        called only then, never after a collected body or a stream that was sent to its
+        end (`closing` or `failed`)."""
 
 
 class Job:
@@ -108,6 +108,7 @@ class Job:
         self.state = state
         self.streams = list(streams)
         self.started = time.perf_counter()
+        self.answered = False  # a stream's last line (closing or failed) went out
 
     @classmethod
     def admit(cls, state: ServerState, requests: Sequence[GenerationRequest]) -> Job:
@@ -145,7 +146,8 @@ class Job:
 
             def on_close() -> None:
                 self.close()
-                encoder.abandoned("disconnected")
+                if not self.answered:
+                    encoder.abandoned("disconnected")
 
             return event_stream(self.sse(encoder), on_close=on_close)
         try:
@@ -202,6 +204,7 @@ class Job:
                 if error is not None:
                     for line in encoder.failed(index, event, error):
                         yield line
+                    self.answered = True
                     return
                 if event.text or event.token_ids or event.logprobs:
                     for line in encoder.delta(index, event):
@@ -212,6 +215,7 @@ class Job:
             if remaining == 0:
                 for line in encoder.closing():
                     yield line
+                self.answered = True
         finally:
             self.close()
 
