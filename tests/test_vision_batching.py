@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -124,27 +125,57 @@ def test_batched_vision_is_the_same_as_alone(vlm: Any) -> None:
     assert counters.busy_slots_per_decode_total > counters.decode_steps
 
 
-def test_metrics_and_cancellation_follow_the_core(vlm: Any) -> None:
-    """A cancelled request is not counted; a finished one is, at its finish (as text)."""
-    engine = VisionEngine(vlm, slots=2)
+def _cancel_one_finish_one(
+    engine: Any, long: GenerationRequest, short: GenerationRequest
+) -> tuple[str | None, list[int], Any]:
+    """Cancel `long` while it decodes, after `short` ran beside it to its end: the
+    cancelled one's finish reason, the short one's tokens, the counters."""
+    sink: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+    engine.submit(long, sink.put)
+    sink.get(timeout=120)
+    done = _together(engine, [short])
+    engine.cancel(long.request_id)
+    events = _drain(sink)
+    assert all(slot.state == "idle" for slot in engine.snapshot().slots)
+    return events[-1].finish_reason, done[0], engine.snapshot().counters
+
+
+def test_metrics_and_cancellation_are_the_same_on_both_model_kinds(
+    vlm: Any, tiny_llama_dir: Path
+) -> None:
+    """A cancelled request is not counted; a finished one is, at its finish: the vision
+    engine's counters move exactly as the text engine's in the same scenario."""
+    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.text.scheduler import TextEngine
+
+    vision = VisionEngine(vlm, slots=2)
     try:
         long = _request(vlm, "Tell a long story.", [_image((9, 9, 9))], 400)
-        sink: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
-        engine.submit(long, sink.put)
-        sink.get(timeout=120)
-        done = _together(engine, [_request(vlm, "Short.", [_image((1, 200, 1))], 5)])
-        engine.cancel(long.request_id)
-        events = _drain(sink)
-        counters = engine.snapshot().counters
-        slots = engine.snapshot().slots
+        short = _request(vlm, "Short.", [_image((1, 200, 1))], 5)
+        seen = _cancel_one_finish_one(vision, long, short)
     finally:
-        engine.stop()
-    assert events[-1].finish_reason == "cancelled"
-    assert len(done[0]) == 5
-    assert counters.requests_total == 1 and counters.sequences_completed == 1
-    assert counters.completion_tokens_total == 5
-    assert counters.sequences_started == 2
-    assert all(slot.state == "idle" for slot in slots)
+        vision.stop()
+    text_model = load_model(str(tiny_llama_dir))
+    text = TextEngine(text_model, slots=2, context_per_slot=512)
+    try:
+        prompt = text_model.tokenizer.encode("tell a long story")
+        expected = _cancel_one_finish_one(
+            text,
+            GenerationRequest(prompt_tokens=prompt, max_tokens=400, ignore_eos=True),
+            GenerationRequest(prompt_tokens=prompt, max_tokens=5, ignore_eos=True),
+        )
+    finally:
+        text.stop()
+    assert seen[0] == expected[0] == "cancelled"
+    assert len(seen[1]) == len(expected[1]) == 5
+    fields = (
+        "requests_total",
+        "sequences_started",
+        "sequences_completed",
+        "completion_tokens_total",
+    )
+    assert {f: getattr(seen[2], f) for f in fields} == {f: getattr(expected[2], f) for f in fields}
+    assert seen[2].requests_total == 1 and seen[2].sequences_started == 2
 
 
 def test_vision_requests_get_the_whole_token_pipeline(vlm: Any) -> None:
