@@ -220,3 +220,36 @@ def test_k_quant_data_past_the_end_is_refused(float_gguf: Path, tmp_path: Path) 
     path = tmp_path / "cut.gguf"
     path.write_bytes(data[: last.offset + last.nbytes // 2])
     refused_in_one_line(path, "truncated or corrupt GGUF: the file has")
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "IQ4_NL"])
+def test_stacked_expert_tensors_stay_quantized(quant: str, tmp_path: Path) -> None:
+    """llama.cpp's 3-D expert tensors (experts x rows x values) load as quantized switch
+    layers, exact (Q8_0) or within the nearest layout's error (IQ4_NL, 6-bit) of the same
+    model written with gguf-py's dequantization of them as F32."""
+    from fixtures.tiny_arch_gguf import ARCHITECTURES, write_tiny_arch_gguf
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    path, _ = write_tiny_arch_gguf(ARCHITECTURES["qwen3moe"], tmp_path / "moe.gguf")
+    rng = np.random.default_rng(3)
+    blocks, floats = {}, {}
+    for info in read_gguf_header(path).tensors:
+        if "_exps." in info.name:
+            raw = random_blocks(quant, info.rows, info.shape[-1], rng, largest=0.2)
+            values = dequantize(raw, GGMLQuantizationType[quant]).astype(np.float32)
+            blocks[info.name] = (raw.reshape(*info.shape[:-1], -1), quant)
+            floats[info.name] = (values.reshape(info.shape), "F32")
+    assert len(blocks) == 6
+    quantized = load_gguf(with_tensors_replaced(path, tmp_path / "q.gguf", blocks)).model
+    reference = load_gguf(with_tensors_replaced(path, tmp_path / "f.gguf", floats)).model
+    experts = quantized.layers[0].mlp.switch_mlp.down_proj
+    assert type(experts).__name__ == "QuantizedSwitchLinear"
+    assert experts.bits == STATED[quant][0]
+    assert not hasattr(reference.layers[0].mlp.switch_mlp.down_proj, "scales")
+    inputs = mx.array(PROMPT)
+    got, want = np.array(quantized(inputs)), np.array(reference(inputs))
+    tolerance = 1e-5 if quant == "Q8_0" else 1e-2
+    assert np.abs(got - want).max() <= tolerance * np.abs(want).max()
+    if quant == "Q8_0":
+        assert greedy(quantized) == greedy(reference)
