@@ -278,3 +278,30 @@ def test_media_are_prepared_off_the_submitting_thread(vlm: Any) -> None:
     assert events[-1].finish_reason == "length" and len(_tokens(events)) == 4
     assert threads and all(name == "mlxcel-engine" for name in threads)
     assert failure[-1].finish_reason == "error" and failure[-1].error
+
+
+def test_a_request_decodes_as_mlx_vlm_generates_it(vlm: Any) -> None:
+    """The core's path (multimodal prefill alone, then the batched step over the language
+    model) gives the greedy tokens of mlx-vlm's own `generate_step`, as the one-slot engine
+    did."""
+    import mlx.core as mx
+    from mlx_vlm.generate import generate_step
+
+    request = _request(vlm, "What is in the picture?", [_image((120, 30, 220), (80, 64))], 12)
+    engine = VisionEngine(vlm, slots=2)
+    try:
+        ours = _tokens(list(engine.generate(request)))
+    finally:
+        engine.stop()
+    assert isinstance(request.media, VisionPrompt) and request.media.prepared is not None
+    prepared = request.media.prepared
+    steps = generate_step(
+        prepared.input_ids,
+        vlm.model,
+        prepared.pixel_values,
+        prepared.mask,
+        max_tokens=12,
+        sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
+        **prepared.extra,
+    )
+    assert ours == [int(token) for token, _ in steps]
