@@ -124,3 +124,26 @@ def test_validate_checks_each_number_knobs_type_from_the_table(knob: SamplingKno
     for param in knob.params:
         with pytest.raises(ValueError, match=f"^{param} must be {word}, not True$"):
             SamplingParams(**{param: True}).validate()
+
+
+BOUNDED_KNOBS = [k for k in SAMPLING_KNOBS if (k.ge, k.gt, k.le) != (None, None, None)]
+
+
+@pytest.mark.parametrize("knob", BOUNDED_KNOBS, ids=[k.name for k in BOUNDED_KNOBS])
+def test_validate_checks_each_knobs_range_from_the_table(knob: SamplingKnob) -> None:
+    """A value on a closed bound passes; one past any bound (or on an open one) is a
+    one-line ValueError naming the param."""
+    step = 1 if knob.kind is int else 0.01
+    inside = [knob.ge, knob.le]
+    outside = [
+        *([knob.ge - step] if knob.ge is not None else []),
+        *([knob.gt, knob.gt - step] if knob.gt is not None else []),
+        *([knob.le + step] if knob.le is not None else []),
+    ]
+    for param in knob.params:
+        for value in inside:
+            if value is not None:
+                SamplingParams(**{param: knob.kind(value)}).validate()
+        for value in outside:
+            with pytest.raises(ValueError, match=f"^{param} must be .*, not "):
+                SamplingParams(**{param: knob.kind(value)}).validate()

@@ -63,52 +63,14 @@ class SamplingParams:
                 if knob.kind is kind and not knob.negative_unset:  # the seed may be None
                     for name in knob.params:
                         _check_type(name, getattr(self, name), kind)
-        _check(self.temperature >= 0, f"temperature must be >= 0, not {self.temperature}")
-        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], not {self.top_p}")
-        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], not {self.min_p}")
-        _check(
-            self.repetition_penalty > 0,
-            f"repetition_penalty must be > 0, not {self.repetition_penalty}",
-        )
-        for name in ("repetition_context_size", "penalty_context_size", "dry_penalty_last_n"):
-            value = getattr(self, name)
-            _check(value >= -1, f"{name} must be >= -1, not {value}")
-        _check(self.dry_multiplier >= 0, f"dry_multiplier must be >= 0, not {self.dry_multiplier}")
-        _check(self.dry_base >= 1, f"dry_base must be >= 1, not {self.dry_base}")
-        _check(
-            self.dry_allowed_length >= 1,
-            f"dry_allowed_length must be >= 1, not {self.dry_allowed_length}",
-        )
+        for knob in SAMPLING_KNOBS:  # each knob's range, from the same table
+            for name in knob.params:
+                knob.check_range(name, getattr(self, name))
         for token in self.dry_sequence_breakers:
             _check(
                 isinstance(token, int) and not isinstance(token, bool) and token >= 0,
                 f"dry_sequence_breakers must be token ids >= 0, not {token!r}",
             )
-        _check(
-            0 <= self.xtc_probability <= 1,
-            f"xtc_probability must be in [0, 1], not {self.xtc_probability}",
-        )
-        _check(
-            0 <= self.xtc_threshold <= 1,
-            f"xtc_threshold must be in [0, 1], not {self.xtc_threshold}",
-        )
-        _check(0 < self.typical_p <= 1, f"typical_p must be in (0, 1], not {self.typical_p}")
-        _check(self.dynatemp_range >= 0, f"dynatemp_range must be >= 0, not {self.dynatemp_range}")
-        _check(
-            self.dynatemp_exponent >= 0,
-            f"dynatemp_exponent must be >= 0, not {self.dynatemp_exponent}",
-        )
-        _check(self.mirostat in (0, 1, 2), f"mirostat must be 0, 1 or 2, not {self.mirostat}")
-        _check(self.mirostat_tau >= 0, f"mirostat_tau must be >= 0, not {self.mirostat_tau}")
-        _check(self.mirostat_eta >= 0, f"mirostat_eta must be >= 0, not {self.mirostat_eta}")
-        _check(
-            self.adaptive_target <= 1,
-            f"adaptive_target must be <= 1 (negative: off), not {self.adaptive_target}",
-        )
-        _check(
-            0 <= self.adaptive_decay <= 1,
-            f"adaptive_decay must be in [0, 1], not {self.adaptive_decay}",
-        )
         _check(
             self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
             f"seed must be an integer or None, not {self.seed!r}",
@@ -138,7 +100,8 @@ class SamplingKnob:
     field holding the server default, `request` the request body field and the aliases it
     also answers to (llama-server's spellings), `kind` the value type. `props` is its name
     in `/props` `default_generation_settings` (None: not shown there). A negative value of
-    a `negative_unset` knob means unset (llama-server's seed -1).
+    a `negative_unset` knob means unset (llama-server's seed -1). `ge`, `gt` and `le` bound
+    its value (None: unbounded on that side); `SamplingParams.validate` checks them.
     """
 
     params: tuple[str, ...]
@@ -147,11 +110,33 @@ class SamplingKnob:
     kind: type
     props: str | None = None
     negative_unset: bool = False
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
 
     @property
     def name(self) -> str:
         """The request body field name."""
         return self.request[0]
+
+    def check_range(self, name: str, value: float) -> None:
+        """Raise ValueError (one line) when `value` of param `name` is out of the bounds
+        (NaN always is)."""
+        if (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+        ):
+            return
+        low = self.ge if self.ge is not None else self.gt
+        if low is not None and self.le is not None:
+            opening = "[" if self.ge is not None else "("
+            rule = f"in {opening}{low:g}, {self.le:g}]"
+        elif low is not None:
+            rule = f"{'>=' if self.ge is not None else '>'} {low:g}"
+        else:
+            rule = f"<= {self.le:g}"
+        raise ValueError(f"{name} must be {rule}, not {value}")
 
     def value(self, raw: Any) -> Any:
         """`raw` as given (None: not set), negative values unset where that applies."""
@@ -168,16 +153,28 @@ def _knob(
     props: str | None = None,
     also: tuple[str, ...] = (),
     negative_unset: bool = False,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
 ) -> SamplingKnob:
-    return SamplingKnob((param, *also), setting, (param, *aliases), kind, props, negative_unset)
+    return SamplingKnob(
+        (param, *also), setting, (param, *aliases), kind, props, negative_unset, ge, gt, le
+    )
 
 
 SAMPLING_KNOBS: tuple[SamplingKnob, ...] = (
-    _knob("temperature", "temp", float, props="temperature"),
+    _knob("temperature", "temp", float, props="temperature", ge=0),
     _knob("top_k", "top_k", int, props="top_k"),
-    _knob("top_p", "top_p", float, props="top_p"),
-    _knob("min_p", "min_p", float, props="min_p"),
-    _knob("repetition_penalty", "repeat_penalty", float, "repeat_penalty", props="repeat_penalty"),
+    _knob("top_p", "top_p", float, props="top_p", gt=0, le=1),
+    _knob("min_p", "min_p", float, props="min_p", ge=0, le=1),
+    _knob(
+        "repetition_penalty",
+        "repeat_penalty",
+        float,
+        "repeat_penalty",
+        props="repeat_penalty",
+        gt=0,
+    ),
     _knob(
         "repetition_context_size",
         "repeat_last_n",
@@ -185,25 +182,26 @@ SAMPLING_KNOBS: tuple[SamplingKnob, ...] = (
         "repeat_last_n",
         props="repeat_last_n",
         also=("penalty_context_size",),
+        ge=-1,
     ),
     _knob("seed", "seed", int, props="seed", negative_unset=True),
     _knob("frequency_penalty", "frequency_penalty", float, props="frequency_penalty"),
     _knob("presence_penalty", "presence_penalty", float, props="presence_penalty"),
-    _knob("dry_multiplier", "dry_multiplier", float, props="dry_multiplier"),
-    _knob("dry_base", "dry_base", float, props="dry_base"),
-    _knob("dry_allowed_length", "dry_allowed_length", int, props="dry_allowed_length"),
-    _knob("dry_penalty_last_n", "dry_penalty_last_n", int, props="dry_penalty_last_n"),
-    _knob("xtc_probability", "xtc_probability", float),
-    _knob("xtc_threshold", "xtc_threshold", float),
+    _knob("dry_multiplier", "dry_multiplier", float, props="dry_multiplier", ge=0),
+    _knob("dry_base", "dry_base", float, props="dry_base", ge=1),
+    _knob("dry_allowed_length", "dry_allowed_length", int, props="dry_allowed_length", ge=1),
+    _knob("dry_penalty_last_n", "dry_penalty_last_n", int, props="dry_penalty_last_n", ge=-1),
+    _knob("xtc_probability", "xtc_probability", float, ge=0, le=1),
+    _knob("xtc_threshold", "xtc_threshold", float, ge=0, le=1),
     _knob("top_n_sigma", "top_n_sigma", float),
-    _knob("typical_p", "typical_p", float),
-    _knob("dynatemp_range", "dynatemp_range", float),
-    _knob("dynatemp_exponent", "dynatemp_exponent", float),
-    _knob("mirostat", "mirostat", int),
-    _knob("mirostat_tau", "mirostat_tau", float),
-    _knob("mirostat_eta", "mirostat_eta", float),
-    _knob("adaptive_target", "adaptive_target", float),
-    _knob("adaptive_decay", "adaptive_decay", float),
+    _knob("typical_p", "typical_p", float, gt=0, le=1),
+    _knob("dynatemp_range", "dynatemp_range", float, ge=0),
+    _knob("dynatemp_exponent", "dynatemp_exponent", float, ge=0),
+    _knob("mirostat", "mirostat", int, ge=0, le=2),
+    _knob("mirostat_tau", "mirostat_tau", float, ge=0),
+    _knob("mirostat_eta", "mirostat_eta", float, ge=0),
+    _knob("adaptive_target", "adaptive_target", float, le=1),  # negative: off
+    _knob("adaptive_decay", "adaptive_decay", float, ge=0, le=1),
     _knob("p_less", "", bool),
 )
 """Every plain sampling knob, in `/props` order. `p_less` has no server setting (off). The
