@@ -163,6 +163,30 @@ def test_tiny_model_with_k_quant_tensors_decodes_as_its_float_weights(
         assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
 
 
+def test_store_entry_of_mixed_widths_loads_the_same_model(float_gguf: Path, tmp_path: Path) -> None:
+    """A file mixing 5-bit (Q5_K), 8-bit (Q6_K) and 6-bit (IQ4_NL) layers is saved to the
+    model store and read back as the same layers, each with its own width."""
+    from mlxcel.engine.loading.store import ModelStore
+
+    rng = np.random.default_rng(5)
+    tensors = {
+        f"blk.{i}.ffn_down.weight": (random_blocks(quant, 64, 256, rng, largest=0.3), quant)
+        for i, quant in enumerate(("Q5_K", "Q6_K"))
+    }
+    tensors["blk.0.ffn_up.weight"] = (random_blocks("IQ4_NL", 256, 64, rng, largest=0.3), "IQ4_NL")
+    path = with_tensors_replaced(float_gguf, tmp_path / "mixed.gguf", tensors)
+    store = ModelStore(tmp_path / "store")
+    first = load_gguf(path, store=store)
+    second = load_gguf(path, store=store)
+    assert not first.from_store and second.from_store
+    for model in (first.model, second.model):
+        layers = model.layers
+        mlps = layers[0].mlp, layers[1].mlp
+        assert (mlps[0].down_proj.bits, mlps[1].down_proj.bits, mlps[0].up_proj.bits) == (5, 8, 6)
+    inputs = mx.array(PROMPT)
+    assert mx.array_equal(first.model(inputs), second.model(inputs))
+
+
 def refused_in_one_line(path: Path, message: str, *, before_listening: bool = True) -> None:
     """`mlxcel generate` exits 2 with one error line; `mlxcel serve` exits 2 with it too,
     before it listens when the header tells (else once its model load fails)."""
