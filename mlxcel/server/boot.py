@@ -15,13 +15,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from mlxcel.server.served_models import audio_wanted, chat_model_wanted, check_models
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.loading.model import LoadedModel, ModelInfo
+    from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.text.scheduler import TextEngine
     from mlxcel.engine.text.sleep import IdleSleep
     from mlxcel.engine.text.speculative import SpeculationConfig
@@ -208,29 +209,49 @@ def _start_image_worker(state: ServerState) -> None:
     )
 
 
-def _load_text_into(state: ServerState) -> None:
-    """Load the text model and start its batching engine."""
+class EngineSlots(TypedDict):
+    """What a text or vision engine takes from the slot plan and the settings."""
+
+    slots: int
+    context_per_slot: int
+    kv_pool: int | None
+    prefill_chunk: int
+    max_queue_depth: int
+    prompt_cache: PromptCache | None
+
+
+def engine_slots(state: ServerState, context_length: int) -> EngineSlots:
+    """The slot plan for a model of `context_length` tokens, and the server's prompt cache
+    (kept on `state` for the cache routes)."""
     from mlxcel.engine.text.prompt_cache import PromptCache
-    from mlxcel.engine.text.scheduler import TextEngine
 
     settings = state.settings
-    loaded = load_text_model(settings)
-    plan = plan_slots(settings, loaded.info.context_length)
-    cache = PromptCache.from_settings(settings)
-    engine = TextEngine(
-        loaded,
+    plan = plan_slots(settings, context_length)
+    state.prompt_cache = PromptCache.from_settings(settings)
+    return EngineSlots(
         slots=plan.slots,
         context_per_slot=plan.context_per_slot,
         kv_pool=plan.kv_pool,
         prefill_chunk=settings.batch_size,
         max_queue_depth=settings.max_queue_depth,
-        prompt_cache=cache,
+        prompt_cache=state.prompt_cache,
+    )
+
+
+def _load_text_into(state: ServerState) -> None:
+    """Load the text model and start its batching engine."""
+    from mlxcel.engine.text.scheduler import TextEngine
+
+    settings = state.settings
+    loaded = load_text_model(settings)
+    engine = TextEngine(
+        loaded,
+        **engine_slots(state, loaded.info.context_length),
         speculation=speculation_config(settings, loaded),
         sleep=idle_sleep(settings),
     ).start()
     if settings.warmup:
         _warm_up(engine, loaded)
-    state.prompt_cache = cache
     _serve(state, engine, loaded.tokenizer, loaded.info)
 
 
@@ -276,7 +297,6 @@ def vision_idle_sleep(settings: Settings, path: Path) -> IdleSleep | None:
 
 def _load_vision_into(state: ServerState, path: Path) -> None:
     """Load the mlx-vlm model in `path` and start its batching engine."""
-    from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.vision.engine import VisionEngine
     from mlxcel.engine.vision.loader import load_vision_model
     from mlxcel.server.media import MediaPolicy
@@ -287,19 +307,11 @@ def _load_vision_into(state: ServerState, path: Path) -> None:
     template = chat_template_text(settings)
     if template is not None:
         loaded.tokenizer.chat_template = template
-    plan = plan_slots(settings, loaded.info.context_length)
-    cache = PromptCache.from_settings(settings)
     engine = VisionEngine(
         loaded,
-        slots=plan.slots,
-        context_per_slot=plan.context_per_slot,
-        kv_pool=plan.kv_pool,
-        prefill_chunk=settings.batch_size,
-        max_queue_depth=settings.max_queue_depth,
-        prompt_cache=cache,
+        **engine_slots(state, loaded.info.context_length),
         sleep=vision_idle_sleep(settings, path),
     ).start()
-    state.prompt_cache = cache
     state.media = ModelMedia(
         modalities=loaded.modalities,
         native_video=loaded.native_video,
