@@ -8,13 +8,15 @@ the bench directory), through `VisionEngine` in this process:
 2. the event loop's longest stall while requests with an unprepared 1280x720 picture are
    submitted from it and run (a 1 ms ticker on the loop), vs the processor run on the loop
    as the one-slot engine's `submit` used to;
+   and, through `mlxcel serve` on the tiny Qwen2-VL, the worst `/health` latency while 4
+   chat requests with a 1280x720 picture (a data URI) are decoded, prepared and answered;
 3. time to first token of a follow-up turn about the same picture with the prompt cache vs
    cold (no cache); the first turn stays within Gemma 3's 512-token sliding window (the
    prompt cache takes no rotating KV cache that has wrapped).
 
 Every ratio comes from timings of one run.
 
-    .venv/bin/python bench/vision_concurrency.py [--tokens 32] [--reps 3]
+    .venv/bin/python bench/vision_concurrency.py [--tokens 128] [--reps 3]
 """
 
 from __future__ import annotations
@@ -160,9 +162,11 @@ async def _longest_stall(work: Callable[[], Any]) -> float:
     return max(gaps)
 
 
-def event_loop_stall(loaded: Any, kind: str, n: int, tokens: int) -> tuple[float, float]:
-    """(stall with preparation in submit's caller, stall now) in seconds, over `n`
-    requests with an unprepared 1280x720 picture submitted from the loop."""
+def event_loop_stall(loaded: Any, kind: str, n: int, tokens: int, reps: int) -> tuple[float, float]:
+    """(stall with preparation in submit's caller, stall now) in seconds, medians over
+    `reps` loads of `n` requests with an unprepared 1280x720 picture submitted from the
+    loop. What remains now is the GIL: the engine thread's processor work holds it for up
+    to the interpreter's switch interval (5 ms) at a time."""
     from mlxcel.engine.vision.engine import VisionEngine
 
     engine = VisionEngine(loaded, slots=n)
@@ -189,12 +193,37 @@ def event_loop_stall(loaded: Any, kind: str, n: int, tokens: int) -> tuple[float
 
         return run
 
+    before, after = [], []
     try:
-        before = asyncio.run(_longest_stall(submit_all(prepare_here=True)))
-        after = asyncio.run(_longest_stall(submit_all(prepare_here=False)))
+        for _ in range(reps):
+            before.append(asyncio.run(_longest_stall(submit_all(prepare_here=True))))
+            after.append(asyncio.run(_longest_stall(submit_all(prepare_here=False))))
     finally:
         engine.stop()
-    return before, after
+    return statistics.median(before), statistics.median(after)
+
+
+def health_during_pictures(clients: int, reps: int) -> tuple[float, float]:
+    """(worst, median) `/health` latency in ms, medians over `reps` loads of `clients` chat
+    requests with a 1280x720 noise picture, on `mlxcel serve` over the tiny Qwen2-VL."""
+    import base64
+    import io
+
+    from _common import mlxcel_server
+    from media_event_loop import _health_during
+
+    out = io.BytesIO()
+    _picture(5, (1280, 720)).save(out, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    _model("qwen2_vl")  # built once
+    worst, medians = [], []
+    with mlxcel_server(BENCH_DIR / "tiny-qwen2_vl", "-c", "4096", "-np", str(clients)) as server:
+        _health_during(server.url, uri, clients)  # warm
+        for _ in range(reps):
+            latencies = _health_during(server.url, uri, clients)
+            worst.append(max(latencies))
+            medians.append(statistics.median(latencies))
+    return statistics.median(worst), statistics.median(medians)
 
 
 def follow_up_ttft(loaded: Any, kind: str, reps: int) -> tuple[float, float, int]:
@@ -239,7 +268,7 @@ def follow_up_ttft(loaded: Any, kind: str, reps: int) -> tuple[float, float, int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=32, help="tokens each request generates")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens each request generates")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     print(load_note())
@@ -252,10 +281,10 @@ def main() -> None:
                 f"{n} picture requests: one after another {serial * 1000:7.0f} ms, "
                 f"concurrent on {n} slots {together * 1000:7.0f} ms: {serial / together:.2f}x"
             )
-        before, after = event_loop_stall(loaded, kind, 4, 8)
+        before, after = event_loop_stall(loaded, kind, 4, 8, args.reps)
         print(
-            f"event loop's longest stall, 4 requests with a 1280x720 picture: processor on the "
-            f"loop {before * 1000:.1f} ms, now {after * 1000:.1f} ms"
+            f"event loop's longest stall (median of {args.reps}), 4 requests with a 1280x720 "
+            f"picture: processor on the loop {before * 1000:.1f} ms, now {after * 1000:.1f} ms"
         )
         cold, cached, served = follow_up_ttft(loaded, kind, args.reps)
         print(
@@ -263,6 +292,11 @@ def main() -> None:
             f"{cold * 1000:.1f} ms, cached {cached * 1000:.1f} ms ({served} tokens from the "
             f"cache): {cold / cached:.2f}x"
         )
+    worst, median = health_during_pictures(4, args.reps)
+    print(
+        f"\nmlxcel serve, tiny qwen2_vl, 4 chat requests with a 1280x720 picture: /health "
+        f"worst {worst:.1f} ms, median {median:.1f} ms"
+    )
 
 
 if __name__ == "__main__":
