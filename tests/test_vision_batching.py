@@ -97,6 +97,22 @@ def _together(engine: VisionEngine, requests: list[GenerationRequest]) -> list[l
     return out
 
 
+def test_text_prompts_of_different_lengths_prefill_together(vlm: Any) -> None:
+    """Text-only requests to a vision model prefill in one (right-padded) batch."""
+    texts = ("short one", "a much longer prompt about the sea and the mountains", "mid one")
+    alone_engine = VisionEngine(vlm, slots=1)
+    try:
+        alone = [_together(alone_engine, [_request(vlm, t, [], 10)])[0] for t in texts]
+    finally:
+        alone_engine.stop()
+    engine = VisionEngine(vlm, slots=3, prefill_chunk=16)
+    try:
+        together = _together(engine, [_request(vlm, t, [], 10) for t in texts])
+    finally:
+        engine.stop()
+    assert together == alone
+
+
 def _mixed(vlm: Any) -> list[GenerationRequest]:
     """Two pictures (one larger: more patch tokens on Qwen2-VL), a text-only request, and
     the first picture again with other text; they finish at different steps."""
@@ -202,9 +218,20 @@ def test_vision_requests_get_the_whole_token_pipeline(vlm: Any) -> None:
     assert looped[-1].finish_reason == "stop" and len(_tokens(looped)) < 300
 
 
-def test_a_follow_up_turn_about_the_same_picture_reuses_its_prefix(vlm: Any) -> None:
+def test_a_follow_up_turn_about_the_same_picture_reuses_its_prefix(
+    vlm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlxcel.engine.vision.engine as vision_engine
     from mlxcel.engine.text.prompt_cache import PromptCache
 
+    towers: list[int] = []  # the media prefills run, by the tokens they start from
+    prefill = vision_engine.prefill_media
+
+    def spy(step: Any, prepared: Any, cache: Any, start: int, chunk: int) -> Any:
+        towers.append(start)
+        return prefill(step, prepared, cache, start, chunk)
+
+    monkeypatch.setattr(vision_engine, "prefill_media", spy)
     picture = _image((200, 120, 30))
     first = _request(vlm, "What is in this picture, in a few words?", [picture], 8)
     engine = VisionEngine(vlm, slots=2, prompt_cache=PromptCache())
@@ -213,6 +240,7 @@ def test_a_follow_up_turn_about_the_same_picture_reuses_its_prefix(vlm: Any) -> 
         turn = list(engine.generate(first))
         follow = _follow_up(vlm, first, turn, picture)
         cached = list(engine.generate(follow))
+        assert towers == [0]  # the follow-up ran no vision tower: its picture was cached
         other = list(engine.generate(_follow_up(vlm, first, turn, _image((0, 90, 250)))))
         cold = list(plain.generate(_follow_up(vlm, first, turn, picture)))
     finally:

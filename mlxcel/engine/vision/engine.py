@@ -18,7 +18,9 @@ runs the step:
 
 The prompt cache works for media requests too, keyed by the prompt with each media
 placeholder replaced by the media's content digest (`prepared.media_cache_key`), so a
-follow-up turn about the same picture reuses its prefix.
+follow-up turn about the same picture reuses its prefix; when the cached prefix holds
+every media token, the vision tower does not run again and the rest prefills in the batch
+as text (at the position delta those media gave the first time).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,9 @@ from mlxcel.engine.vision.loader import LoadedVisionModel
 from mlxcel.engine.vision.prepared import PreparedPrompt, media_cache_key, media_token_ids
 
 log = logging.getLogger(__name__)
+
+MEDIA_DELTAS_KEPT = 1024
+"""Media sets whose position delta is remembered, for follow-ups served by the cache."""
 
 
 class VisionEngine(TextEngine):
@@ -74,6 +80,8 @@ class VisionEngine(TextEngine):
         self.max_images = max_images
         self._media_tokens = media_token_ids(getattr(loaded.model, "config", None))
         self._language: LanguageStep | None = None  # engine thread only
+        # media digest -> the position delta of text after those media (engine thread only)
+        self._media_deltas: OrderedDict[str, int] = OrderedDict()
         self._prepare_lock = threading.Lock()
 
     @property
@@ -191,9 +199,16 @@ class VisionEngine(TextEngine):
         if self._caching(job):
             cache, job.cache_n = self.prompt_cache.lookup(prepared.cache_key)
             start = job.cache_n
+            delta = self._media_deltas.get(prepared.digest)
+            if cache is not None and start >= prepared.media_end and delta is not None:
+                # Every media token is in the cached prefix: no vision tower, the rest is
+                # text that prefills in the batch (a follow-up turn about the same media).
+                job.start_n, job.position_delta = start, delta
+                return cache
         assert self._language is not None
         began = time.perf_counter()
         cache, delta = prefill_media(self._language, prepared, cache, start, self.prefill_chunk)
+        self._remember_delta(prepared.digest, delta)
         job.start_n = len(prepared.tokens) - 1
         job.position_delta = delta
         c = self.counters
@@ -201,6 +216,14 @@ class VisionEngine(TextEngine):
         c.prompt_seconds_total += time.perf_counter() - began
         c.prefill_chunks += 1
         return cache
+
+    def _remember_delta(self, digest: str, delta: int) -> None:
+        """Keep the position delta that text after these media takes (the latest
+        `MEDIA_DELTAS_KEPT` media sets)."""
+        self._media_deltas[digest] = delta
+        self._media_deltas.move_to_end(digest)
+        while len(self._media_deltas) > MEDIA_DELTAS_KEPT:
+            self._media_deltas.popitem(last=False)
 
     def _inserted(self, job: RunningSequence) -> None:
         assert self._language is not None

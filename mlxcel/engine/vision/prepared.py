@@ -29,6 +29,14 @@ class PreparedPrompt:
     def has_media(self) -> bool:
         return self.cache_key != self.tokens
 
+    @property
+    def media_end(self) -> int:
+        """The index after the prompt's last media placeholder (0 without media)."""
+        for i in range(len(self.tokens) - 1, -1, -1):
+            if self.cache_key[i] != self.tokens[i]:
+                return i + 1
+        return 0
+
 
 def media_token_ids(config: Any) -> frozenset[int]:
     """The ids of a model's media placeholder tokens, from its config."""
