@@ -18,6 +18,8 @@ Speculative decoding (`speculation=`): while exactly one sequence holds a slot a
 greedy with no logits processor, it leaves the generator for a solo lane that drafts tokens
 (prompt lookup or a draft model) and verifies them in one forward per round
 (`mlxcel.engine.text.speculative.lane`); with two or more sequences, all decode batched.
+That lane is one of the core's (`speculative.engine_lane.SpeculativeLane`): the core asks it
+first each step and owns nothing of it; it sees the batch through `_BatchSide`.
 
 Sampling is batched too: every sequence in the generator shares one `BatchSampler`, which
 applies each row's settings as per-row arrays in one graph per step (`DecodeBatch` names
@@ -41,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from mlxcel.config import process_env
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
@@ -67,6 +69,10 @@ from mlxcel.engine.text.sleep import (
 from mlxcel.engine.text.speculative import SpeculationConfig
 from mlxcel.engine.text.submission import iterate_events, token_budget
 from mlxcel.engine.text.token_logprobs import token_logprobs
+
+if TYPE_CHECKING:
+    from mlxcel.engine.text.speculative.engine_lane import SpeculativeLane
+    from mlxcel.engine.text.speculative.lane import LaneToken, SoloLane
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +128,10 @@ class TextEngine(Sleeps):
         self._eos_stops: Any = None
         self._no_stops: Any = None
         self._to_flush: set[Callable[[], None]] = set()  # engine thread only
-        self._spec: Any = None  # speculative.lane.Speculator
+        self._spec: SpeculativeLane | None = None  # engine thread only
+        self._batch_side = _BatchSide(self)  # the batch as the speculative lane sees it
         if speculation is not None:
-            from mlxcel.engine.text.speculative.lane import Speculator
-
-            self._spec = Speculator(speculation, loaded, prefill_chunk=self.prefill_chunk)
-        self._lane: Any = None  # the SoloLane running `_lane_job` (engine thread only)
-        self._lane_job: RunningSequence | None = None
-        self._solo_mark: tuple[int, int, float] | None = None  # (uid, n_generated, time)
+            self._spec = self._speculative_lane(speculation)
         if batched_sampling is None:
             batched_sampling = process_env.batched_sampling()
         self.batched_sampling = batched_sampling
@@ -272,7 +274,7 @@ class TextEngine(Sleeps):
             for job in admitted:
                 self._admit_alone(generator, job)
             try:
-                if self._spec is not None and self._speculate(generator):
+                if self._spec is not None and self._spec.step(self._batch_side, generator):
                     continue
                 if self._by_uid:
                     self._step(generator)
@@ -287,7 +289,6 @@ class TextEngine(Sleeps):
         assert self._sleep is not None
         before = self._before_unload()
         self._spec = None
-        self._lane = self._lane_job = None
         self._batch_sampler = self._rows = None
         freed = self.prompt_cache.reset() if self.prompt_cache is not None else None
         self.loaded = replace(self.loaded, model=None)
@@ -304,11 +305,7 @@ class TextEngine(Sleeps):
             reloaded = self._sleep.reload()
             self.loaded = replace(self.loaded, model=reloaded.model)
             if reloaded.speculation is not None:
-                from mlxcel.engine.text.speculative.lane import Speculator
-
-                self._spec = Speculator(
-                    reloaded.speculation, self.loaded, prefill_chunk=self.prefill_chunk
-                )
+                self._spec = self._speculative_lane(reloaded.speculation)
             generator = self._new_generator()
         except Exception as exc:  # noqa: BLE001 - the server stays up, asleep
             log.exception("reloading the model after sleeping failed")
@@ -351,6 +348,14 @@ class TextEngine(Sleeps):
             prefill_step_size=self.prefill_chunk,
             before_sampling=self._rows.before_sampling if self._rows is not None else None,
             before_forward=before_forward,
+        )
+
+    def _speculative_lane(self, speculation: SpeculationConfig) -> SpeculativeLane:
+        from mlxcel.engine.text.speculative.engine_lane import SpeculativeLane
+        from mlxcel.engine.text.speculative.lane import Speculator
+
+        return SpeculativeLane(
+            Speculator(speculation, self.loaded, prefill_chunk=self.prefill_chunk)
         )
 
     def _step_model(self) -> tuple[Any, Callable[[list[int]], None] | None]:
@@ -407,9 +412,8 @@ class TextEngine(Sleeps):
         if request.thinking is not None:
             processors = [*processors, request.thinking.processor(self.tokenizer)]
         job.sampler = sampler
-        if self._spec is not None and self._spec.eligible(request, processors):
-            job.spec = self._spec.sequence()
-            job.spec.history = list(prompt)
+        if self._spec is not None:
+            self._spec.admit(job, processors)
         if self._rows is not None:
             from mlxcel.engine.sampling.batched import RowSampling
 
@@ -495,89 +499,6 @@ class TextEngine(Sleeps):
             self._finish(job, "error", error=message)
         return True
 
-    def _speculate(self, generator: Any) -> bool:
-        """Run a solo-lane round when one sequence decodes alone and the policy drafts (or
-        the lane has a pending token); False: step the generator."""
-        lane, job = self._lane, self._lane_job
-        if lane is None or job is None:
-            if len(self._running) != 1 or len(self._by_uid) != 1:
-                self._solo_mark = None
-                return False
-            (job,) = self._by_uid.values()
-            seq = job.spec
-            if seq is None:
-                return False
-            self._time_plain_step(job)
-            budget = job.max_tokens - job.n_generated
-            if (
-                job.n_generated < seq.enter_at
-                or budget < 2
-                or not self._spec.wants_lane(seq, budget)
-            ):
-                return False
-            self._solo_mark = None
-            del self._by_uid[job.uid]
-            pending = self._rows.last_choice(job.uid) if self._rows is not None else None
-            lane = self._spec.enter(generator, job.uid, seq, job.sampler, pending)
-            if self._rows is not None:
-                self._rows.remove(job.uid)
-            self._lane, self._lane_job = lane, job
-        elif len(self._running) > 1 or not lane.plan(job.max_tokens - job.n_generated):
-            self._leave_lane(generator)
-            return False
-        self._lane_round(generator, lane, job)
-        return True
-
-    def _time_plain_step(self, job: RunningSequence) -> None:
-        """What a plain step costs: the time between two generator steps that each gave the
-        lone sequence one token (what drafting must beat)."""
-        now = time.perf_counter()
-        mark = self._solo_mark
-        if mark is not None and mark[0] == job.uid and mark[1] == job.n_generated - 1:
-            self._spec.costs.record(0, now - mark[2])
-        self._solo_mark = (job.uid, job.n_generated, now)
-
-    def _lane_round(self, generator: Any, lane: Any, job: RunningSequence) -> None:
-        from mlxcel.engine.text.speculative.lane import LaneToken
-
-        start = time.perf_counter()
-        tokens = lane.round(job.max_tokens - job.n_generated)
-        now = time.perf_counter()
-        c = self.counters
-        c.decode_steps += 1
-        c.busy_slots_per_decode_total += 1
-        c.decode_seconds_total += now - start
-        eos = () if job.request.ignore_eos else self.tokenizer.eos_token_ids
-        for token, row in tokens:
-            r = LaneToken(token, row)
-            if job.n_generated + 1 >= job.max_tokens:
-                r.finish_reason = "length"
-            if token in eos:
-                r.finish_reason = "stop"
-            if r.finish_reason is not None:
-                r.prompt_cache, r.all_tokens = lane.release()
-            self._on_token(generator, job, r, now)
-            if job.finished:
-                return
-
-    def _leave_lane(self, generator: Any) -> None:
-        """Hand the lane's sequence back to the generator, to decode batched."""
-        lane, job = self._lane, self._lane_job
-        self._lane = self._lane_job = None
-        if lane is None or job is None or job.finished:
-            return
-        request = job.request
-        job.uid = lane.hand_back(
-            generator,
-            n_generated=job.n_generated,
-            max_tokens=job.max_tokens - job.n_generated,
-            sampler=self._batch_sampler if job.row is not None else job.sampler,
-            stop_sequences=self._no_stops if request.ignore_eos else self._eos_stops,
-        )
-        self._by_uid[job.uid] = job
-        if job.row is not None:
-            self._rows.insert(job.uid, job.row)
-
     def _count_step(self, stats: Any, n_decoded: int, prefilled: bool) -> None:
         """Fold what the generator counted over one `next()` (its `BatchStats`) into ours."""
         c = self.counters
@@ -631,10 +552,9 @@ class TextEngine(Sleeps):
 
     def _remove(self, generator: Any, job: RunningSequence) -> None:
         """Take `job` out of the generator, keeping its KV cache when caching applies."""
-        if job is self._lane_job and self._lane is not None:
-            cache, tokens = self._lane.release()
-            self._lane = self._lane_job = None
-            self._store_prompt_cache(job, tokens, cache)
+        held = self._spec.release(job) if self._spec is not None else None
+        if held is not None:  # the speculative lane ran it: its KV cache is the lane's
+            self._store_prompt_cache(job, held[1], held[0])
             return
         if self._rows is not None:
             self._rows.remove(job.uid)
@@ -721,8 +641,8 @@ class TextEngine(Sleeps):
         if job.finished:
             return
         job.finished = True
-        if job is self._lane_job:
-            self._lane = self._lane_job = None
+        if self._spec is not None:
+            self._spec.forget(job)
         end = time.perf_counter()
         timings = job.timings(end)
         spec = job.spec
@@ -786,3 +706,52 @@ class TextEngine(Sleeps):
         self._pending.clear()
         for job in jobs:
             self._finish(job, "cancelled")
+
+
+class _BatchSide:
+    """The core's batch as its speculative lane sees it (`engine_lane.BatchSide`)."""
+
+    def __init__(self, engine: TextEngine) -> None:
+        self.engine = engine
+
+    @property
+    def counters(self) -> EngineCounters:
+        return self.engine.counters
+
+    def n_running(self) -> int:
+        return len(self.engine._running)
+
+    def lone_sequence(self) -> RunningSequence | None:
+        engine = self.engine
+        if len(engine._running) != 1 or len(engine._by_uid) != 1:
+            return None
+        (job,) = engine._by_uid.values()
+        return job
+
+    def leave_batch(self, job: RunningSequence) -> tuple[Any, Any] | None:
+        engine = self.engine
+        del engine._by_uid[job.uid]
+        if engine._rows is None:
+            return None
+        pending: tuple[Any, Any] | None = engine._rows.last_choice(job.uid)
+        engine._rows.remove(job.uid)
+        return pending
+
+    def rejoin_batch(self, generator: Any, job: RunningSequence, lane: SoloLane) -> None:
+        engine = self.engine
+        job.uid = lane.hand_back(
+            generator,
+            n_generated=job.n_generated,
+            max_tokens=job.max_tokens - job.n_generated,
+            sampler=engine._batch_sampler if job.row is not None else job.sampler,
+            stop_sequences=engine._no_stops if job.request.ignore_eos else engine._eos_stops,
+        )
+        engine._by_uid[job.uid] = job
+        if job.row is not None:
+            engine._rows.insert(job.uid, job.row)
+
+    def eos_of(self, job: RunningSequence) -> frozenset[int] | tuple[()]:
+        return () if job.request.ignore_eos else self.engine.tokenizer.eos_token_ids
+
+    def deliver(self, generator: Any, job: RunningSequence, token: LaneToken, now: float) -> None:
+        self.engine._on_token(generator, job, token, now)
