@@ -497,7 +497,7 @@ def test_cancel_in_the_lane_keeps_the_engine_and_the_cache(tiny_loaded: Any, bas
         run = _run(engine, again)
         assert run.timings.cache_n > 0 and run.timings.draft_rounds > 0
         assert run.same_output(_run(base, _request(tiny_loaded, LOOPY, n=50)))
-        assert engine._lane is None and not engine._running
+        assert engine._spec is not None and engine._spec.lane is None and not engine._running
     finally:
         engine.stop()
 
