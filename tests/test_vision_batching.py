@@ -333,3 +333,48 @@ def test_a_request_decodes_as_mlx_vlm_generates_it(vlm: Any) -> None:
         **prepared.extra,
     )
     assert ours == [int(token) for token, _ in steps]
+
+
+def test_gemma4_audio_batches_as_alone_and_from_the_cache(tmp_path: Path) -> None:
+    """Audio requests (Gemma 4's audio tower) and a text-only one, batched, give the tokens
+    each gives alone; run again through the prompt cache, the same again."""
+    import numpy as np
+    from fixtures.tiny_vlm import build_tiny_gemma4
+
+    from mlxcel.engine.text.prompt_cache import PromptCache
+
+    loaded = load_vision_model(build_tiny_gemma4(tmp_path / "g4"), name="tiny-gemma4")
+    listen = "<bos><start_of_turn>user\nListen<|audio|><end_of_turn>\n<start_of_turn>model\n"
+    hello = (
+        "<bos><start_of_turn>user\nHello there, how are you?<end_of_turn>\n<start_of_turn>model\n"
+    )
+
+    def requests() -> list[GenerationRequest]:
+        clips = [(np.sin(np.arange(16000) / p) * 0.3).astype(np.float32) for p in (5.0, 50.0)]
+        media = [VisionPrompt(listen, VisionInputs(audio=[c])) for c in clips]
+        media.append(VisionPrompt(hello, VisionInputs()))
+        return [
+            GenerationRequest(
+                prompt_tokens=[],
+                max_tokens=8,
+                ignore_eos=True,
+                sampling=SamplingParams(temperature=0.0),
+                media=m,
+            )
+            for m in media
+        ]
+
+    alone_engine = VisionEngine(loaded, slots=1)
+    try:
+        alone = [_together(alone_engine, [r])[0] for r in requests()]
+    finally:
+        alone_engine.stop()
+    engine = VisionEngine(loaded, slots=3, prompt_cache=PromptCache())
+    try:
+        together = _together(engine, requests())
+        again = _together(engine, requests())
+        cache = engine.prompt_cache.stats()
+    finally:
+        engine.stop()
+    assert together == alone and again == alone
+    assert cache.hits >= 3
