@@ -225,13 +225,13 @@ def test_a_follow_up_turn_about_the_same_picture_reuses_its_prefix(
     from mlxcel.engine.text.prompt_cache import PromptCache
 
     towers: list[int] = []  # the media prefills run, by the tokens they start from
-    prefill = vision_engine.prefill_media
+    prefill = vision_engine.MediaPrefill
 
-    def spy(step: Any, prepared: Any, cache: Any, start: int, chunk: int) -> Any:
+    def spy(step: Any, prepared: Any, cache: Any, start: int) -> Any:
         towers.append(start)
-        return prefill(step, prepared, cache, start, chunk)
+        return prefill(step, prepared, cache, start)
 
-    monkeypatch.setattr(vision_engine, "prefill_media", spy)
+    monkeypatch.setattr(vision_engine, "MediaPrefill", spy)
     picture = _image((200, 120, 30))
     first = _request(vlm, "What is in this picture, in a few words?", [picture], 8)
     engine = VisionEngine(vlm, slots=2, prompt_cache=PromptCache())
@@ -378,3 +378,36 @@ def test_gemma4_audio_batches_as_alone_and_from_the_cache(tmp_path: Path) -> Non
         engine.stop()
     assert together == alone and again == alone
     assert cache.hits >= 3
+
+
+def test_running_requests_decode_while_a_new_picture_prefills(vlm: Any) -> None:
+    """A media prefill runs a piece between two batch steps: the decoding request gets
+    tokens while the new one's prompt is still being prefilled."""
+    engine = VisionEngine(vlm, slots=2, prefill_chunk=16)
+    order: list[tuple[str, str]] = []  # (request, "token" | "progress"), as the engine sent them
+    done = threading.Event()
+
+    def sink(event: GenerationEvent) -> None:
+        if event.token_ids:
+            order.append((event.request_id, "token"))
+        elif event.progress is not None:
+            order.append((event.request_id, "progress"))
+        if event.finished and event.request_id == "new":
+            done.set()
+
+    try:
+        running = _request(vlm, "Tell a long story.", [_image((9, 9, 9))], 300, request_id="old")
+        first = threading.Event()
+        engine.submit(running, lambda e: (sink(e), first.set() if e.token_ids else None))
+        assert first.wait(120)
+        text = " ".join(f"line {i} of a long question about the picture" for i in range(20))
+        new = _request(vlm, text, [_image((200, 9, 9))], 4, request_id="new", progress=True)
+        engine.submit(new, sink)
+        assert done.wait(120)
+        engine.cancel("old")
+    finally:
+        engine.stop()
+    progress = [i for i, (rid, kind) in enumerate(order) if rid == "new" and kind == "progress"]
+    assert len(progress) > 5  # the prompt went in many pieces
+    between = order[progress[0] : progress[-1]]
+    assert ("old", "token") in between

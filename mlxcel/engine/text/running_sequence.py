@@ -45,6 +45,8 @@ class RunningSequence:
     sampler: Any = None
     row: Any = None  # sampling.batched.RowSampling when the engine samples batched
     spec: Any = None  # speculative.lane.SequenceSpeculation when the request may speculate
+    processors: list[Any] = field(default_factory=list)  # its logits processors
+    prefilling_alone: bool = False  # its starting KV cache is built outside the batch first
     position_delta: int = 0  # a vision row's position shift after its media (mRoPE)
     progress_sent: int = -1  # the last prefill progress reported (`processed`)
     prefill_done: int = 0  # uncached prompt tokens the generator has prefilled

@@ -128,6 +128,7 @@ class TextEngine(Sleeps):
         self._eos_stops: Any = None
         self._no_stops: Any = None
         self._to_flush: set[Callable[[], None]] = set()  # engine thread only
+        self._alone: list[RunningSequence] = []  # prefilling alone, in order (engine thread)
         self._spec: SpeculativeLane | None = None  # engine thread only
         self._batch_side = _BatchSide(self)  # the batch as the speculative lane sees it
         if speculation is not None:
@@ -273,6 +274,7 @@ class TextEngine(Sleeps):
                     admitted.append(job)
             for job in admitted:
                 self._admit_alone(generator, job)
+            self._prefill_alone(generator)
             try:
                 if self._spec is not None and self._spec.step(self._batch_side, generator):
                     continue
@@ -364,7 +366,9 @@ class TextEngine(Sleeps):
 
     def _start_cache(self, job: RunningSequence) -> list[Any] | None:
         """The KV cache the sequence starts from (`job.start_n` prompt tokens in it, of
-        which `job.cache_n` came from the prompt cache), or None for an empty one."""
+        which `job.cache_n` came from the prompt cache), or None for an empty one. A core
+        may instead set `job.prefilling_alone`: the cache then comes a piece per step from
+        `_grow_start_cache`."""
         if not self._caching(job):
             return None
         cache, job.cache_n = self.prompt_cache.lookup(job.request.prompt_tokens)
@@ -430,13 +434,27 @@ class TextEngine(Sleeps):
             )
             if fold:
                 processors = []
+        job.processors = processors
+        self.counters.sequences_started += 1
+        self.counters.busy_slots_max = max(self.counters.busy_slots_max, len(self._running))
+        if request.progress:
+            self._progress(job, 0)
+        if job.prefilling_alone:  # its starting cache is built a piece per step first
+            self._alone.append(job)
+            return
+        self._insert(generator, job, cache)
+
+    def _insert(self, generator: Any, job: RunningSequence, cache: list[Any] | None) -> None:
+        """Put `job` into the generator, starting from `cache` (`job.start_n` tokens)."""
+        request = job.request
+        prompt = request.prompt_tokens
         (uid,) = generator.insert(
             [prompt[job.start_n :]],
             max_tokens=[job.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(prompt[: job.start_n])],
-            samplers=[self._batch_sampler if job.row is not None else sampler],
-            logits_processors=[processors],
+            samplers=[self._batch_sampler if job.row is not None else job.sampler],
+            logits_processors=[job.processors],
             stop_sequences=[self._no_stops if request.ignore_eos else self._eos_stops],
         )
         job.uid = uid
@@ -444,10 +462,31 @@ class TextEngine(Sleeps):
         self._inserted(job)
         if job.row is not None:
             self._rows.insert(uid, job.row)
-        if request.progress:
-            self._progress(job, 0)
-        self.counters.sequences_started += 1
-        self.counters.busy_slots_max = max(self.counters.busy_slots_max, len(self._running))
+
+    def _prefill_alone(self, generator: Any) -> None:
+        """One piece of the first alone-prefilling sequence's starting cache (between two
+        batch steps, so the batch goes on meanwhile); the sequence joins the generator once
+        its cache is complete. A failure fails that sequence alone."""
+        if not self._alone:
+            return
+        job = self._alone[0]
+        try:
+            cache = self._grow_start_cache(job)
+            if cache is None:
+                return
+            self._alone.pop(0)
+            job.prefilling_alone = False
+            self._insert(generator, job, cache)
+        except Exception as exc:
+            log.exception("prefilling request %s failed", job.request.request_id)
+            if job.uid >= 0:
+                generator.remove([job.uid])
+            self._finish(job, "error", error=_first_line(exc))
+
+    def _grow_start_cache(self, job: RunningSequence) -> list[Any] | None:
+        """One piece of the starting cache of a sequence that prefills alone: the complete
+        cache once it holds all prompt tokens but the last, else None."""
+        raise NotImplementedError("only a core whose _start_cache prefills alone has this")
 
     def _step(self, generator: Any) -> None:
         with generator.stats() as stats:
@@ -643,6 +682,8 @@ class TextEngine(Sleeps):
         job.finished = True
         if self._spec is not None:
             self._spec.forget(job)
+        if job.prefilling_alone:
+            self._alone.remove(job)
         end = time.perf_counter()
         timings = job.timings(end)
         spec = job.spec

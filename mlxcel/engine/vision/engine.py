@@ -9,10 +9,11 @@ runs the step:
 - a request's media go through the model's processor (`prepare`: on the caller's worker
   thread when it prepares ahead, else on the engine thread at admission, never in
   `submit`), which expands the placeholders into the prompt's tokens;
-- at admission, a request with media runs its multimodal prefill alone
-  (`language_step.prefill_media`: the vision tower, the merged embeddings, all prompt
-  tokens but the last), then joins the decoding batch like a prompt-cache hit; a text-only
-  request prefills in the batch as on a text model;
+- a request with media runs its multimodal prefill alone (`language_step.MediaPrefill`:
+  the vision tower, then all prompt tokens but the last with the merged embeddings), a
+  piece between two batch steps so the running requests go on decoding, then joins the
+  decoding batch like a prompt-cache hit; a text-only request prefills in the batch as on
+  a text model;
 - the batch runs the model's language model (`language_step.LanguageStep`), which places
   each row's positions after its media (mRoPE).
 
@@ -39,7 +40,7 @@ from mlxcel.engine.text.scheduler import TextEngine
 from mlxcel.engine.text.sleep import IdleSleep
 from mlxcel.engine.text.submission import token_budget
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
-from mlxcel.engine.vision.language_step import LanguageStep, prefill_media
+from mlxcel.engine.vision.language_step import LanguageStep, MediaPrefill
 from mlxcel.engine.vision.loader import LoadedVisionModel
 from mlxcel.engine.vision.prepared import PreparedPrompt, media_cache_key, media_token_ids
 
@@ -82,6 +83,7 @@ class VisionEngine(TextEngine):
         self._language: LanguageStep | None = None  # engine thread only
         # media digest -> the position delta of text after those media (engine thread only)
         self._media_deltas: OrderedDict[str, int] = OrderedDict()
+        self._media_prefills: dict[str, MediaPrefill] = {}  # by request id (engine thread)
         self._prepare_lock = threading.Lock()
 
     @property
@@ -206,16 +208,29 @@ class VisionEngine(TextEngine):
                 job.start_n, job.position_delta = start, delta
                 return cache
         assert self._language is not None
-        began = time.perf_counter()
-        cache, delta = prefill_media(self._language, prepared, cache, start, self.prefill_chunk)
-        self._remember_delta(prepared.digest, delta)
-        job.start_n = len(prepared.tokens) - 1
-        job.position_delta = delta
+        self._media_prefills[job.request.request_id] = MediaPrefill(
+            self._language, prepared, cache, start
+        )
+        job.start_n = start
+        job.prefilling_alone = True
+        return None
+
+    def _grow_start_cache(self, job: RunningSequence) -> list[Any] | None:
+        prefill = self._media_prefills[job.request.request_id]
+        began, before = time.perf_counter(), prefill.position
+        complete = prefill.advance(self.prefill_chunk)
         c = self.counters
-        c.prefill_tokens_total += job.start_n - start
+        c.prefill_tokens_total += prefill.position - before
         c.prompt_seconds_total += time.perf_counter() - began
-        c.prefill_chunks += 1
-        return cache
+        c.prefill_chunks += int(prefill.position > before)
+        if job.request.progress:
+            self._progress(job, prefill.position - job.start_n)
+        if not complete:
+            return None
+        del self._media_prefills[job.request.request_id]
+        self._remember_delta(prefill.prepared.digest, prefill.delta)
+        job.start_n, job.position_delta = prefill.position, prefill.delta
+        return prefill.cache
 
     def _remember_delta(self, digest: str, delta: int) -> None:
         """Keep the position delta that text after these media takes (the latest
@@ -237,6 +252,7 @@ class VisionEngine(TextEngine):
         return prepared.cache_key + tokens[n:]
 
     def _finish(self, job: RunningSequence, reason: Any, **fields: Any) -> None:
+        self._media_prefills.pop(job.request.request_id, None)
         if self._language is not None and job.uid >= 0:
             self._language.forget(job.uid)
         super()._finish(job, reason, **fields)

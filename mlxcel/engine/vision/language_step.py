@@ -6,10 +6,11 @@ families (Qwen2-VL and its kin), place positions by the sequence's media: after 
 a row's position is its cache offset plus a per-sequence delta. `LanguageStep` gives the
 language model that face, the delta of each row from `before_forward(uids)`.
 
-`prefill_media` runs one request's multimodal prefill (the media through the vision tower,
+`MediaPrefill` runs one request's multimodal prefill (the media through the vision tower,
 merged into the prompt's embeddings, every prompt token but the last through the language
-model, in chunks) into a KV cache, which then joins the decoding batch like a prompt-cache
-hit; the last prompt token goes through the batch.
+model) into a KV cache a piece at a time, between the batch's steps; the cache then joins
+the decoding batch like a prompt-cache hit, and the last prompt token goes through the
+batch.
 """
 
 from __future__ import annotations
@@ -72,40 +73,54 @@ class LanguageStep:
         return self.language_model(inputs, cache=cache, position_ids=positions).logits
 
 
-def prefill_media(
-    step: LanguageStep,
-    prepared: PreparedPrompt,
-    cache: list[Any] | None,
-    start: int,
-    chunk: int,
-) -> tuple[list[Any], int]:
-    """Run the prompt's tokens `start..len-1` (all but the last) through the language model
-    on top of `cache` (holding the first `start`; a fresh one when None), their embeddings
-    carrying the media. Returns the cache and the row's position delta."""
-    model = step.vlm
-    ids = prepared.input_ids
-    features = model.get_input_embeddings(
-        ids, prepared.pixel_values, mask=prepared.mask, **prepared.extra
-    )
-    kwargs = {k: v for k, v in features.to_dict().items() if k != "inputs_embeds" and v is not None}
-    embeds = features.inputs_embeds
-    if cache is None:
-        cache = step.make_cache()
-    end = ids.shape[1] - 1
-    position = start
-    while position < end:
-        n = min(chunk, end - position)
-        step.language_model(
-            inputs=ids[:, position : position + n],
-            inputs_embeds=embeds[:, position : position + n],
-            cache=cache,
-            n_to_process=n,
-            logits_to_keep=1,
-            **kwargs,
-        )
-        mx.eval([c.state for c in cache])
-        position += n
-    return cache, _delta(kwargs.get("rope_deltas"))
+class MediaPrefill:
+    """One request's multimodal prefill into its KV cache, a piece at a time: first the
+    media through the vision tower (merged into the prompt's embeddings), then every prompt
+    token but the last through the language model, `chunk` tokens a piece."""
+
+    def __init__(
+        self, step: LanguageStep, prepared: PreparedPrompt, cache: list[Any] | None, start: int
+    ) -> None:
+        self.step = step
+        self.prepared = prepared
+        self.cache = cache if cache is not None else step.make_cache()
+        self.position = start  # prompt tokens in the cache
+        self.end = len(prepared.tokens) - 1
+        self.delta = 0  # the row's position delta after its media (mRoPE)
+        self._embeds: mx.array | None = None
+        self._kwargs: dict[str, Any] = {}
+
+    def advance(self, chunk: int) -> bool:
+        """Do the next piece; True once the cache holds all prompt tokens but the last."""
+        prepared = self.prepared
+        ids = prepared.input_ids
+        if self._embeds is None:
+            features = self.step.vlm.get_input_embeddings(
+                ids, prepared.pixel_values, mask=prepared.mask, **prepared.extra
+            )
+            self._kwargs = {
+                k: v
+                for k, v in features.to_dict().items()
+                if k != "inputs_embeds" and v is not None
+            }
+            self._embeds = features.inputs_embeds
+            mx.eval(self._embeds)
+            self.delta = _delta(self._kwargs.get("rope_deltas"))
+            return self.position >= self.end
+        n = min(chunk, self.end - self.position)
+        if n > 0:
+            at = self.position
+            self.step.language_model(
+                inputs=ids[:, at : at + n],
+                inputs_embeds=self._embeds[:, at : at + n],
+                cache=self.cache,
+                n_to_process=n,
+                logits_to_keep=1,
+                **self._kwargs,
+            )
+            mx.eval([c.state for c in self.cache])
+            self.position += n
+        return self.position >= self.end
 
 
 def _delta(rope_deltas: Any) -> int:
