@@ -128,7 +128,7 @@ class TextEngine(Sleeps):
         self._eos_stops: Any = None
         self._no_stops: Any = None
         self._to_flush: set[Callable[[], None]] = set()  # engine thread only
-        self._alone: list[RunningSequence] = []  # prefilling alone, in order (engine thread)
+        self._alone: list[RunningSequence] = []  # prefilling alone (engine thread only)
         self._spec: SpeculativeLane | None = None  # engine thread only
         self._batch_side = _BatchSide(self)  # the batch as the speculative lane sees it
         if speculation is not None:
@@ -464,24 +464,23 @@ class TextEngine(Sleeps):
             self._rows.insert(uid, job.row)
 
     def _prefill_alone(self, generator: Any) -> None:
-        """One piece of the first alone-prefilling sequence's starting cache (between two
-        batch steps, so the batch goes on meanwhile); the sequence joins the generator once
-        its cache is complete. A failure fails that sequence alone."""
-        if not self._alone:
-            return
-        job = self._alone[0]
-        try:
-            cache = self._grow_start_cache(job)
-            if cache is None:
-                return
-            self._alone.pop(0)
-            job.prefilling_alone = False
-            self._insert(generator, job, cache)
-        except Exception as exc:
-            log.exception("prefilling request %s failed", job.request.request_id)
-            if job.uid >= 0:
-                generator.remove([job.uid])
-            self._finish(job, "error", error=_first_line(exc))
+        """One piece of each alone-prefilling sequence's starting cache (between two batch
+        steps, so the batch goes on meanwhile, as the generator feeds each prompt one chunk a
+        step); a sequence joins the generator once its cache is complete. A failure fails
+        that sequence alone."""
+        for job in list(self._alone):
+            try:
+                cache = self._grow_start_cache(job)
+                if cache is None:
+                    continue
+                self._alone.remove(job)
+                job.prefilling_alone = False
+                self._insert(generator, job, cache)
+            except Exception as exc:
+                log.exception("prefilling request %s failed", job.request.request_id)
+                if job.uid >= 0:
+                    generator.remove([job.uid])
+                self._finish(job, "error", error=_first_line(exc))
 
     def _grow_start_cache(self, job: RunningSequence) -> list[Any] | None:
         """One piece of the starting cache of a sequence that prefills alone: the complete
