@@ -411,3 +411,30 @@ def test_running_requests_decode_while_a_new_picture_prefills(vlm: Any) -> None:
     assert len(progress) > 5  # the prompt went in many pieces
     between = order[progress[0] : progress[-1]]
     assert ("old", "token") in between
+
+
+def test_a_decoder_needing_its_encoders_states_is_refused_clearly() -> None:
+    """mllama-like (cross-attention) and florence2-like (encoder-decoder) language models
+    hand their encoder's states to every decode step, which the batched step does not
+    carry: the request fails with a clear error instead of decoding without them."""
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+
+    from mlxcel.engine.errors import InvalidRequestError
+    from mlxcel.engine.vision.language_step import LanguageStep, MediaPrefill
+    from mlxcel.engine.vision.prepared import PreparedPrompt
+
+    tokens = [1, 2, 3, 4, 5]
+    features = SimpleNamespace(
+        inputs_embeds=mx.zeros((1, 5, 8)), to_dict=lambda: {"inputs_embeds": None}
+    )
+    model = SimpleNamespace(
+        get_input_embeddings=lambda *a, **k: features,
+        language_model=lambda **k: SimpleNamespace(cross_attention_states=mx.zeros((1, 2))),
+    )
+    prepared = PreparedPrompt(tokens, mx.array([tokens]), None, None, {}, "d", tokens)
+    prefill = MediaPrefill(LanguageStep(model), prepared, [], 0)
+    assert prefill.advance(16) is False  # the media went through the tower
+    with pytest.raises(InvalidRequestError, match="cross-attention"):
+        prefill.advance(16)

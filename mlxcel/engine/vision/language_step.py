@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
+from mlxcel.engine.errors import InvalidRequestError
+
 if TYPE_CHECKING:
     from mlxcel.engine.vision.prepared import PreparedPrompt
 
@@ -110,7 +112,7 @@ class MediaPrefill:
         n = min(chunk, self.end - self.position)
         if n > 0:
             at = self.position
-            self.step.language_model(
+            out = self.step.language_model(
                 inputs=ids[:, at : at + n],
                 inputs_embeds=self._embeds[:, at : at + n],
                 cache=self.cache,
@@ -118,9 +120,23 @@ class MediaPrefill:
                 logits_to_keep=1,
                 **self._kwargs,
             )
+            if not _decodes_alone(out):
+                raise InvalidRequestError(
+                    "this model's decoder reads its media encoder's states at every step "
+                    "(cross-attention or encoder-decoder), which mlxcel's batched vision "
+                    "engine does not carry: not supported"
+                )
             mx.eval([c.state for c in self.cache])
             self.position += n
         return self.position >= self.end
+
+
+def _decodes_alone(output: Any) -> bool:
+    """Whether a language-model step needs nothing but its tokens and KV cache next time:
+    mlx-vlm's cross-attention (mllama) and encoder-decoder (florence2) models hand their
+    encoder's states to every decode step."""
+    carried = ("cross_attention_states", "encoder_outputs")
+    return all(getattr(output, name, None) is None for name in carried)
 
 
 def _delta(rope_deltas: Any) -> int:
