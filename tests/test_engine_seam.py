@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from fixtures.audio import until_stopped
 from fixtures.server_state import serve_side_models
+from fixtures.stand_in_engine import StandInEngine
 from fixtures.tiny_encoders import GatedEmbedder
 from httpx import Response
 
@@ -300,12 +301,9 @@ def test_a_full_queue_answers_503_with_the_spec_message(
 
 
 def test_a_full_text_queue_answers_the_same_message() -> None:
-    class FullEngine:
+    class FullEngine(StandInEngine):
         def submit(self, request: GenerationRequest, sink: Any) -> None:
             raise QueueFullError("the prefill queue is full")
-
-        def cancel(self, request_id: str) -> None:
-            pass
 
     async def open_one() -> None:
         EngineClient(FullEngine()).open(GenerationRequest(prompt_tokens=[1]))

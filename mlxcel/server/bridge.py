@@ -295,7 +295,7 @@ class EngineClient:
     def open(self, request: GenerationRequest) -> EngineStream:
         """Submit `request` now (raising APIError on 400/503) and return its stream."""
         stream = EngineStream(self.engine, request)
-        held = getattr(self.engine, "flushes_sinks", False)
+        held = self.engine.flushes_sinks
         with engine_errors():
             self.engine.submit(request, _HeldSink(stream) if held else stream._sink)
         return stream

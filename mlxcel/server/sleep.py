@@ -92,7 +92,7 @@ class WakeOnRequest:
             engine = self.engine()
             if (
                 engine is not None
-                and getattr(engine, "sleeping", False) is True
+                and engine.sleeping
                 and wakes_model(scope.get("method", "GET"), scope["path"], self.prefix)
                 and self._routed(scope)
             ):
