@@ -257,6 +257,57 @@ def test_8bit_tiles_give_the_rounded_x_product(
         assert np.array_equal(alone[0], got[0])
 
 
+@pytest.mark.parametrize("bits", [2, 3, 5, 6])
+def test_other_widths_ride_the_8bit_tiles(kernels: ModuleType, bits: int) -> None:
+    """2/3/5/6-bit codes (GGUF's Q5_0/Q5_1 load as 5-bit groups of 32) are unpacked from
+    MLX's bit stream into the 8-bit tiles: exactly MLX's dequantized rows, and the product
+    of the int8-rounded x with the dequantized weight; the layer swap tiles such a layer
+    and keeps its bit width."""
+    from mlxcel.engine.cpu_kernels.layers import codes, use_cpu_kernels
+
+    if not kernels.int8():
+        pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
+    n, k, group = 70, 160, 32
+    packed, scales, biases, _ = _weights(n, k, bits, group, seed=bits)
+    scales = scales.astype(mx.float16).astype(mx.float32)
+    biases = biases.astype(mx.float16).astype(mx.float32)
+    dense = np.array(mx.dequantize(packed, scales, biases, group_size=group, bits=bits))
+    values = codes(packed, bits)
+    assert values.shape == (n, k) and int(values.max()) < 2**bits
+    per_value = np.repeat(np.array(scales), group, 1), np.repeat(np.array(biases), group, 1)
+    assert np.array_equal(values * per_value[0] + per_value[1], dense)
+    tiles = pack_int8(packed, scales, biases, group, bits=bits)
+    assert tiles.shape == ((n + 15) // 16, k // 32, 576)
+    ids = mx.array([0, 15, 16, 69])
+    assert np.array_equal(np.array(tile_rows(tiles, ids, 8, k)), dense[np.array(ids)])
+    x = mx.random.normal((5, k), key=mx.random.key(bits))
+    got = np.array(kernels.packed_matmul(x, tiles, n, 8))
+    want = _rounded_x(np.array(x)) @ dense.T
+    np.testing.assert_allclose(got, want, atol=2e-4 * np.abs(want).max(), rtol=1e-4)
+    model = nn.Sequential(nn.Linear(k, n, bias=False))
+    nn.quantize(model, group_size=group, bits=bits)
+    layer = model.layers[0]
+    layer.weight, layer.scales, layer.biases = packed, scales, biases
+    assert use_cpu_kernels(model, kernels, dense=False) == 1
+    tiled = model.layers[0]
+    assert isinstance(tiled, KernelPackedLinear) and (tiled.bits, tiled.tile_bits) == (bits, 8)
+    np.testing.assert_allclose(np.array(tiled(x)), got, atol=1e-6 * np.abs(want).max())
+
+
+def test_other_widths_without_tiles_stay_on_mlx(
+    kernels: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the int8 path a 5-bit layer is left to MLX (the kernel reads MLX's layout
+    in 4 and 8 bits only)."""
+    from mlxcel.engine.cpu_kernels.layers import use_cpu_kernels
+
+    monkeypatch.setattr(kernels, "int8", lambda: False)
+    model = nn.Sequential(nn.Linear(64, 16))
+    nn.quantize(model, group_size=32, bits=5)
+    assert use_cpu_kernels(model, kernels, dense=False) == 0
+    assert type(model.layers[0]) is nn.QuantizedLinear
+
+
 def test_int8_tiles_reject_a_mismatched_weight(kernels: ModuleType) -> None:
     if not kernels.int8():
         pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")

@@ -3,11 +3,12 @@
 `use_cpu_kernels(model)` swaps every affine 4/8-bit `QuantizedLinear` (and the
 `QuantizedEmbedding` a tied LM head reads through `as_linear`) for a subclass on the kernel.
 
-Where the CPU has AVX-512 VNNI (the int8 path), a 4-bit linear layer whose scales and
-biases are exact in float16 (GGUF's always are) becomes a `KernelPackedLinear`: its weight
-is repacked once into the kernel's int8 tiles (`pack_int8`: every 16 rows stored block by
-block with their float16 block scales, one sequential stream) and MLX's three arrays are
-dropped. Every matmul of that layer, a decode step or a 512-row prefill, runs on the tiles
+Where the CPU has AVX-512 VNNI (the int8 path), a 2- to 8-bit linear layer whose scales
+and biases are exact in float16 (GGUF's always are) becomes a `KernelPackedLinear`: its
+weight is repacked once into the kernel's int8 tiles (`pack_int8`: every 16 rows stored
+block by block with their float16 block scales, one sequential stream; 4-bit codes as
+nibbles, other widths, GGUF's Q5_0/Q5_1 included, one byte a code) and MLX's three arrays
+are dropped. Every matmul of that layer, a decode step or a 512-row prefill, runs on the tiles
 with int8 activations, each tile read once per call while every row of x passes over it;
 a row's result is therefore the same whatever else shares the call.
 
@@ -110,7 +111,7 @@ def _tiled_matmul(layer: Any, x: mx.array) -> mx.array:
     if x.dtype != mx.float32:
         x = x.astype(mx.float32)
     out: mx.array = layer.kernels.packed_matmul(
-        x, layer["packed"], layer.out_features, int(layer.bits)
+        x, layer["packed"], layer.out_features, layer.tile_bits
     )
     return out
 
@@ -123,6 +124,7 @@ class KernelPackedLinear(nn.QuantizedLinear):
     kernels: ModuleType
     out_features: int
     in_features: int
+    tile_bits: int
 
     def __call__(self, x: mx.array) -> mx.array:
         y = _tiled_matmul(self, x)
@@ -145,9 +147,10 @@ class KernelPackedEmbedding(nn.QuantizedEmbedding):
     kernels: ModuleType
     out_features: int
     in_features: int
+    tile_bits: int
 
     def __call__(self, x: mx.array) -> mx.array:
-        return tile_rows(self["packed"], x, int(self.bits), self.in_features)
+        return tile_rows(self["packed"], x, self.tile_bits, self.in_features)
 
     def as_linear(self, x: mx.array) -> mx.array:
         return _tiled_matmul(self, x)
@@ -261,45 +264,68 @@ def use_dense_kernels(model: nn.Module, kernels: ModuleType) -> int:
     return changed
 
 
+_TILED_BITS = (2, 3, 4, 5, 6, 8)  # widths the int8 tiles hold (all but 4 as bytes)
+_MLX_LAYOUT_BITS = (4, 8)  # widths the kernel reads in MLX's own layout
+
+
 def supports(module: Any) -> bool:
-    """Whether the kernel can run this quantized layer."""
+    """Whether the kernel can run this quantized layer (tiled, or for 4 and 8 bits in
+    MLX's layout too)."""
     if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         return False
     if getattr(module, "mode", "affine") != "affine" or "biases" not in module:
         return False
     bits, group_size = int(module.bits), int(module.group_size)
     in_features = int(module.weight.shape[-1]) * 32 // bits
-    return bits in (4, 8) and group_size % 32 == 0 and in_features % group_size == 0
+    return bits in _TILED_BITS and group_size % 32 == 0 and in_features % group_size == 0
 
 
 _TILE_ROWS = 16  # weight rows per tile (the kernel's kRowTile)
 
 
+def tile_bits(bits: int) -> int:
+    """The tile width that holds `bits`-bit codes: 4 as they are, 2 to 8 as bytes."""
+    return 4 if bits == 4 else 8
+
+
+def codes(weight: mx.array, bits: int) -> np.ndarray:
+    """A `bits`-bit MLX weight's codes, one uint8 per value ([N, K]): MLX packs each row as
+    one little-endian bit stream (value j in bits j * bits to j * bits + bits - 1)."""
+    n = int(weight.shape[0])
+    raw = np.asarray(weight).view(np.uint8).reshape(n, -1)
+    if bits == 8:
+        return raw
+    stream = np.unpackbits(raw, axis=1, bitorder="little")
+    k = stream.shape[1] // bits
+    per_value = stream[:, : k * bits].reshape(n, k, bits)
+    return np.packbits(per_value, axis=2, bitorder="little").reshape(n, k)
+
+
 def pack_int8(
     weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int = 4
 ) -> mx.array:
-    """A 4- or 8-bit affine weight ([N, K * bits / 32] uint32, [N, K / group_size] scales
+    """A 2- to 8-bit affine weight ([N, K * bits / 32] uint32, [N, K / group_size] scales
     and biases) in the int8 kernel's tiles: [ceil(N / 16), K / 32, 320 or 576] uint8, rows
     past N zero. Per 32-value block a tile holds its 16 rows' weights in groups of 4
-    values (4-bit: one byte per row and value pair k, k + 4, low nibble first; 8-bit: one
-    byte a value), each group 16 rows x 4 bytes, then the 16 block scales and the 16 block
-    biases as float16."""
+    values (4-bit: one byte per row and value pair k, k + 4, low nibble first; other
+    widths: one byte a value, as 8-bit tiles), each group 16 rows x 4 bytes, then the 16
+    block scales and the 16 block biases as float16."""
     n = int(weight.shape[0])
     k = int(weight.shape[1]) * 32 // bits
     blocks = k // 32
     tiles = (n + _TILE_ROWS - 1) // _TILE_ROWS
     rows = tiles * _TILE_ROWS
-    raw = np.asarray(weight).view(np.uint8).reshape(n, k * bits // 8)
     values = np.zeros((rows, k), np.uint8)
     groups: np.ndarray
     if bits == 4:
+        raw = np.asarray(weight).view(np.uint8).reshape(n, k // 2)
         values[:n, 0::2] = raw & 0x0F  # MLX packs the lower nibble first
         values[:n, 1::2] = raw >> 4
         # [tile, row, block, group, k or k + 4, value in group]
         split = values.reshape(tiles, _TILE_ROWS, blocks, 4, 2, 4)
         groups = split[:, :, :, :, 0, :] | (split[:, :, :, :, 1, :] << 4)
     else:
-        values[:n] = raw
+        values[:n] = codes(weight, bits)
         groups = values.reshape(tiles, _TILE_ROWS, blocks, 8, 4)
     # -> [tile, block, group, row, value in group]
     parts = [groups.transpose(0, 2, 3, 1, 4).reshape(tiles, blocks, -1)]
@@ -355,6 +381,7 @@ def _tile(module: Any, kernels: ModuleType) -> None:
         int(module.group_size),
         int(module.bits),
     )
+    module.tile_bits = tile_bits(int(module.bits))
     module.out_features = int(module["weight"].shape[0])
     module.in_features = int(module["weight"].shape[1]) * 32 // int(module.bits)
     module.kernels = kernels
@@ -371,10 +398,13 @@ def use_cpu_kernels(model: nn.Module, kernels: ModuleType, *, dense: bool) -> in
     for _, module in model.named_modules():
         if not supports(module):
             continue
-        changed += 1
         if _packable(module, kernels):
             _tile(module, kernels)
+            changed += 1
             continue
+        if int(module.bits) not in _MLX_LAYOUT_BITS:
+            continue  # MLX's own quantized matmul
+        changed += 1
         scales = module["scales"]
         if scales.dtype != mx.float32:
             module["scales"] = scales.astype(mx.float32)

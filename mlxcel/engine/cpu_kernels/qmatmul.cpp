@@ -1325,7 +1325,8 @@ template <int NV>
 void attention_groups(const std::vector<AttnRow>& rows, const float* kb, int64_t kstride,
                       const float* vb, int64_t vstride, const void* mask, const AttnShape& sh,
                       float* scores) {
-  constexpr int R = NV <= 4 ? kAttnRows : 2;  // q rows and accumulators stay in registers
+  // q rows and accumulators stay in registers (D = 256: two rows, q partly from L1)
+  constexpr int R = NV <= 4 ? kAttnRows : 2;
   size_t i = 0;
   for (; i + R <= rows.size(); i += R) {
     attention_group<NV, R>(rows.data() + i, kb, kstride, vb, vstride, mask, sh, scores);
@@ -1344,23 +1345,29 @@ void attention_groups(const std::vector<AttnRow>& rows, const float* kb, int64_t
 // hundred. Smaller calls (tens of microseconds) run on the calling thread.
 constexpr int64_t kAttnMinParallelWork = int64_t{128} << 10;
 
-// The query rows of batch b that share key head kh, against that head's keys and values.
+// Query rows (of one key head's heads x L) a unit of work holds: a prefill's rows of one
+// key head are split across the threads (Gemma 3 has one key head), a multiple of the rows
+// a group shares; a row is computed the same way whichever unit holds it.
+constexpr int64_t kAttnUnitRows = 16 * kAttnRows;
+
+// Query rows [first, first + kAttnUnitRows) of batch b's heads that share key head kh
+// (rows ordered head by head, then l), against that head's keys and values.
 void attention_unit(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
-                    const AttnShape& sh, float* out, int64_t b, int64_t kh, bool vectors,
-                    std::vector<AttnRow>& rows, std::vector<float>& scores,
+                    const AttnShape& sh, float* out, int64_t b, int64_t kh, int64_t first,
+                    bool vectors, std::vector<AttnRow>& rows, std::vector<float>& scores,
                     std::vector<float>& acc) {
   const int64_t group = sh.Hq / sh.Hkv;
   const float* kb = k.data + b * k.strides[0] + kh * k.strides[1];
   const float* vb = v.data + b * v.strides[0] + kh * v.strides[1];
   rows.clear();
-  for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-    for (int64_t l = 0; l < sh.L; ++l) {
-      const int64_t visible = sh.mask_kind == 1 ? std::min(sh.S, sh.S - sh.L + l + 1) : sh.S;
-      const int64_t mrow = b * sh.mask_strides[0] + h * sh.mask_strides[1] + l * sh.mask_strides[2];
-      rows.push_back({q.data + b * q.strides[0] + h * q.strides[1] + l * q.strides[2],
-                      std::max<int64_t>(visible, 0), mrow,
-                      out + ((b * sh.Hq + h) * sh.L + l) * sh.D});
-    }
+  const int64_t last = std::min(first + kAttnUnitRows, group * sh.L);
+  for (int64_t r = first; r < last; ++r) {
+    const int64_t h = kh * group + r / sh.L, l = r % sh.L;
+    const int64_t visible = sh.mask_kind == 1 ? std::min(sh.S, sh.S - sh.L + l + 1) : sh.S;
+    const int64_t mrow = b * sh.mask_strides[0] + h * sh.mask_strides[1] + l * sh.mask_strides[2];
+    rows.push_back({q.data + b * q.strides[0] + h * q.strides[1] + l * q.strides[2],
+                    std::max<int64_t>(visible, 0), mrow,
+                    out + ((b * sh.Hq + h) * sh.L + l) * sh.D});
   }
   if (!vectors) {
     for (const AttnRow& row : rows) {
@@ -1371,7 +1378,8 @@ void attention_unit(const AttnView& q, const AttnView& k, const AttnView& v, con
   switch (sh.D / kWidth) {
     case 2: attention_groups<2>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
     case 4: attention_groups<4>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
-    default: attention_groups<8>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
+    case 8: attention_groups<8>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
+    default: attention_groups<16>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
   }
 }
 
@@ -1380,8 +1388,10 @@ void attention_unit(const AttnView& q, const AttnView& k, const AttnView& v, con
 void attention_rows(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
                     const AttnShape& sh, float* out) {
   const bool vectors = kWidth > 1 && sh.D % kWidth == 0 &&
-                       (sh.D / kWidth == 2 || sh.D / kWidth == 4 || sh.D / kWidth == 8);
-  const int64_t units = sh.B * sh.Hkv;
+                       (sh.D / kWidth == 2 || sh.D / kWidth == 4 || sh.D / kWidth == 8 ||
+                        sh.D / kWidth == 16);
+  const int64_t pieces = (sh.Hq / sh.Hkv * sh.L + kAttnUnitRows - 1) / kAttnUnitRows;
+  const int64_t units = sh.B * sh.Hkv * pieces;
   const int64_t work = sh.B * sh.Hq * sh.L * sh.S * sh.D;
   RowPool::instance().run(
       units, work,
@@ -1391,8 +1401,9 @@ void attention_rows(const AttnView& q, const AttnView& k, const AttnView& v, con
         scores.resize(static_cast<size_t>(kAttnRows * sh.S));
         acc.resize(static_cast<size_t>(sh.D));
         for (int64_t u = begin; u < end; ++u) {
-          attention_unit(q, k, v, mask, sh, out, u / sh.Hkv, u % sh.Hkv, vectors, rows, scores,
-                         acc);
+          const int64_t bh = u / pieces;
+          attention_unit(q, k, v, mask, sh, out, bh / sh.Hkv, bh % sh.Hkv,
+                         u % pieces * kAttnUnitRows, vectors, rows, scores, acc);
         }
       },
       kAttnMinParallelWork, 2);
