@@ -87,7 +87,7 @@ class ServerState:
     client: EngineClient | None = None  # set last: the text model is ready from then on
     tokenizer: Tokenizer | None = None
     model_info: ModelInfo | None = None
-    prompt_cache: PromptCache | None = None  # None: `--cache-ram 0` or a vision model
+    prompt_cache: PromptCache | None = None  # None: `--cache-ram 0`, `--no-cache-prompt`
     counters: RequestCounters = field(default_factory=RequestCounters)
     started: float = field(default_factory=time.time)
     embeddings: EmbeddingServices | None = None
