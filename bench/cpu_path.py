@@ -24,15 +24,14 @@ prefill, 63-73 decode) are used and labelled as such.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from _common import ROOT, bench_model
+from llama_bench import find_llama_bench, llama_bench_rates, mlxcel_bench, rates_of
 
-MLXCEL = str(ROOT / ".venv" / "bin" / "mlxcel")
 LLAMA_SERVER_REFERENCE = {"pp": 129.0, "tg": 68.0}  # midpoints of the issue's ranges
 TARGETS = {"pp": 1.0, "tg": 0.6}  # of llama.cpp, from issue 18
 
@@ -50,17 +49,8 @@ CONFIGS = (
 
 def run_bench(model: str | None, env: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
     """{"pp": tok/s, "tg": tok/s, "blas": name} of one `mlxcel bench --json` process."""
-    cmd = [MLXCEL, "bench", "-p", str(args.p), "-n", str(args.n), "-r", str(args.r), "--json"]
-    if model:
-        cmd += ["-m", model]
-    out = subprocess.run(
-        cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=1800
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"mlxcel bench failed: {out.stderr.strip().splitlines()[-1:]}")
-    data = json.loads(out.stdout)
-    rates = {r["kind"]: r["tokens_per_second"] for r in data["results"]}
-    return {**rates, "blas": data["model"].get("blas", "?")}
+    data = mlxcel_bench(model, args.p, args.n, args.r, env=env)
+    return {**rates_of(data), "blas": data["model"].get("blas", "?")}
 
 
 def default_gguf() -> str:
@@ -74,15 +64,8 @@ def llama_cpp_rates(binary: str | None, args: argparse.Namespace) -> tuple[dict[
     """llama.cpp's {"pp", "tg"} tok/s on the same GGUF, and where they come from."""
     if not binary:
         return LLAMA_SERVER_REFERENCE, "llama-server (issue's reference figures, not re-measured)"
-    cmd = [binary, "-m", default_gguf(), "-p", str(args.p), "-n", str(args.n)]
-    cmd += ["-r", str(max(2, args.r)), "-t", str(os.cpu_count() or 1), "-o", "json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if out.returncode != 0:
-        raise SystemExit(f"llama-bench failed: {out.stderr.strip().splitlines()[-1:]}")
-    rates = {}
-    for row in json.loads(out.stdout):
-        kind = "pp" if row.get("n_prompt", 0) > 0 else "tg"
-        rates[kind] = float(row["avg_ts"])
+    threads = os.cpu_count() or 1
+    rates = llama_bench_rates(binary, default_gguf(), args.p, args.n, max(2, args.r), threads)
     return rates, f"llama.cpp {Path(binary).name}, same GGUF, measured in this run"
 
 
@@ -133,8 +116,11 @@ def main() -> None:
     parser.add_argument("-p", type=int, default=64, help="prompt tokens")
     parser.add_argument("-n", type=int, default=24, help="generated tokens")
     parser.add_argument("-r", type=int, default=2, help="timed runs per test")
-    parser.add_argument("--llama-bench", help="a llama.cpp llama-bench binary to compare with")
+    parser.add_argument(
+        "--llama-bench", help="a llama.cpp llama-bench binary (else $LLAMA_BENCH, else PATH)"
+    )
     args = parser.parse_args()
+    args.llama_bench = find_llama_bench(args.llama_bench)
     reference = llama_cpp_rates(args.llama_bench, args)
     report("SmolLM2-135M-Instruct Q4_1 (embedded default)", None, args, reference=reference)
     fixture = bench_model()
