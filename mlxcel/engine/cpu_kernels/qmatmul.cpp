@@ -1523,9 +1523,38 @@ void silu_rows(const float* x, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = x[i] / (1.0f + std::exp(-x[i]));
 }
 
-class CpuSilu : public mx::Primitive {
+// GELU, tanh approximation (nn.gelu_approx: Gemma's MLPs): 0.5 x (1 + tanh(u)) with
+// u = sqrt(2 / pi) (x + 0.044715 x^3) is x / (1 + e^(-2u)), the SiLU form above. MLX's CPU
+// build runs it as a compiled chain with a libm powf and tanhf per element (a third of
+// Gemma 3 270M's prefill).
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+void gelu_approx_rows(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 minus_2c = _mm512_set1_ps(-2.0f * kGeluC);
+  const __m512 a = _mm512_set1_ps(kGeluA);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(a, v), _mm512_mul_ps(v, v), v);
+    const __m512 e = exp_ps(_mm512_mul_ps(minus_2c, inner));
+    _mm512_storeu_ps(out + i, _mm512_div_ps(v, _mm512_add_ps(one, e)));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float v = x[i];
+    out[i] = v / (1.0f + std::exp(-2.0f * kGeluC * (v + kGeluA * v * v * v)));
+  }
+}
+
+// An element-wise activation of float32 x, one op: SiLU or the tanh-approximate GELU.
+enum class Activation { kSilu = 0, kGeluApprox = 1 };
+
+class CpuActivation : public mx::Primitive {
  public:
-  explicit CpuSilu(mx::Stream stream) : mx::Primitive(stream) {}
+  CpuActivation(mx::Stream stream, Activation kind) : mx::Primitive(stream), kind_(kind) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -1535,32 +1564,47 @@ class CpuSilu : public mx::Primitive {
     encoder.set_output_array(out);
     Operand xo = Operand::of(inputs[0]);
     encoder.dispatch([xo = std::move(xo), op = out.data<float>(),
-                      n = static_cast<int64_t>(out.size())]() {
+                      n = static_cast<int64_t>(out.size()), kind = kind_]() {
       std::vector<uint32_t> tmp;
-      silu_rows(static_cast<const float*>(xo.contiguous(tmp)), op, n);
+      const float* x = static_cast<const float*>(xo.contiguous(tmp));
+      if (kind == Activation::kSilu) {
+        silu_rows(x, op, n);
+      } else {
+        gelu_approx_rows(x, op, n);
+      }
     });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxcel's silu kernel runs on the CPU only");
+    throw std::runtime_error("mlxcel's activation kernels run on the CPU only");
   }
 
-  const char* name() const override { return "MlxcelCpuSilu"; }
+  const char* name() const override {
+    return kind_ == Activation::kSilu ? "MlxcelCpuSilu" : "MlxcelCpuGeluApprox";
+  }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    return dynamic_cast<const CpuSilu*>(&other) != nullptr;
+    auto* o = dynamic_cast<const CpuActivation*>(&other);
+    return o != nullptr && o->kind_ == kind_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
   }
+
+ private:
+  Activation kind_;
 };
 
-mx::array silu(const mx::array& x) {
+mx::array activation(const mx::array& x, Activation kind) {
   if (x.dtype() != mx::float32) throw std::invalid_argument("expected float32 x");
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
-  return mx::array(x.shape(), mx::float32, std::make_shared<CpuSilu>(stream), {x});
+  return mx::array(x.shape(), mx::float32, std::make_shared<CpuActivation>(stream, kind), {x});
 }
+
+mx::array silu(const mx::array& x) { return activation(x, Activation::kSilu); }
+
+mx::array gelu_approx(const mx::array& x) { return activation(x, Activation::kGeluApprox); }
 
 // ---------------------------------------------------------------------------------------
 // RMS norm (nn.RMSNorm: x * rsqrt(mean(x^2) + eps) * w), one op. MLX's CPU rms_norm is
@@ -1814,6 +1858,8 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
         "softmax(scale * q k^T + mask) v on the CPU for float32 q [B, Hq, L, D], k and v "
         "[B, Hkv, S, D]; mask_kind 0 none, 1 causal, 2 additive, 3 boolean ([B, Hq, L, S]).");
   m.def("silu", &silu, nb::arg("x"), "nn.silu (x * sigmoid(x)) of float32 x on the CPU.");
+  m.def("gelu_approx", &gelu_approx, nb::arg("x"),
+        "nn.gelu_approx (tanh-approximate GELU) of float32 x on the CPU.");
   m.def("round_int8", &round_int8, nb::arg("x"),
         "float32 x [..., K] rounded per 32 values as the int8 path rounds it, in float32.");
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"),
