@@ -110,14 +110,15 @@ def _apply_cpu_dtype(loaded: LoadedModel, policy: str, threads: int) -> None:
         return
     kernels = _cpu_kernels(threads) if policy == "auto" else None
     if kernels is not None:
-        from mlxcel.engine.cpu_kernels.activations import use_silu_kernel
+        from mlxcel.engine.cpu_kernels.activations import use_gelu_kernel, use_silu_kernel
         from mlxcel.engine.cpu_kernels.attention import use_attention_kernel
         from mlxcel.engine.cpu_kernels.layers import use_norm_kernel, use_rope_kernel
 
         use_rope_kernel(loaded.model, kernels)  # MLX's CPU rope recomputes every angle
         use_norm_kernel(loaded.model, kernels)  # its rms_norm is several ops,
         use_attention_kernel(kernels)  # so is its attention,
-        use_silu_kernel(kernels)  # and its exp is scalar
+        use_silu_kernel(kernels)  # and its exp is scalar,
+        use_gelu_kernel(kernels)  # as are the GELU's tanh and pow
         if kernels.simd == "scalar":
             kernels = None  # the portable matmuls are not faster than float32 BLAS (no SIMD)
     if not _is_quantized(loaded.model):
