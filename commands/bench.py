@@ -25,6 +25,7 @@ app = typer.Typer(
 CSV_COLUMNS = (
     "engine",
     "model",
+    "architecture",
     "quantization",
     "size_bytes",
     "n_params",
@@ -259,8 +260,13 @@ def _backend(report: BenchReport) -> str:
 
 
 def _model_label(report: BenchReport) -> str:
+    """The model as the table names it: its name, architecture (unless the name is just
+    that) and quantization (unless none), e.g. `gemma-3-270m (gemma3) Q4_K_M`."""
     m = report.model
-    return m.name if m.quantization in ("", "none") else f"{m.name} {m.quantization}"
+    label = m.name
+    if m.architecture and m.architecture != m.name:
+        label += f" ({m.architecture})"
+    return label if m.quantization in ("", "none") else f"{label} {m.quantization}"
 
 
 def _stdout_console() -> Any:
@@ -326,6 +332,7 @@ def _print_csv(report: BenchReport) -> None:
             [
                 r.engine,
                 m.name,
+                m.architecture,
                 m.quantization,
                 m.size_bytes,
                 m.n_params,

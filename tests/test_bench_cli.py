@@ -94,8 +94,32 @@ def test_csv_header_and_batch_rows(tiny_llama_dir: Path) -> None:
     assert [(r["test"], r["batch"]) for r in body] == [("pp16", "1"), ("tg4", "1"), ("tg4", "2")]
     for r in body:
         assert r["engine"] == "mlxcel" and r["model"] == "tiny-llama"
+        assert r["architecture"] == "llama"
         assert float(r["tokens_per_second"]) > 0 and r["repetitions"] == "1"
         assert r["ratio_vs_mlx_lm"] == ""
+
+
+def test_table_names_the_architecture_and_quantization(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """A GGUF file's table row says what it is: its name, the architecture and the GGUF
+    quantization, as `mlxcel cache list` and `/props` name them; CSV and JSON too."""
+    from fixtures.tiny_models import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tiny_llama_dir, tmp_path / "tiny.Q8_0.gguf", "Q8_0")
+    args = ("-m", str(gguf), "-p", "8", "-n", "2", "-r", "1")
+    code, out, err = run(*args)
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if "pp8" in line)
+    assert re.search(r"\(llama\) Q8_0", row), row
+    code, out, err = run(*args, "--json")
+    assert code == 0, err
+    model = json.loads(out)["model"]
+    assert model["architecture"] == "llama" and model["quantization"].startswith("Q8_0")
+    code, out, err = run(*args, "--csv")
+    assert code == 0, err
+    first = dict(zip(*list(csv.reader(io.StringIO(out)))[:2], strict=True))
+    assert first["architecture"] == "llama" and first["quantization"].startswith("Q8_0")
 
 
 def test_compare_mlx_lm_json_and_table(tiny_llama_dir: Path) -> None:
