@@ -98,6 +98,19 @@ def test_the_hyper_parameters_matter(name: str, broken: dict[str, float], arch_d
     assert _max_error(model, reference) > 1e-2
 
 
+def test_gpt_oss_with_mxfp4_experts(arch_dir: Path) -> None:
+    """gpt-oss as published: MXFP4 experts (with gguf-py's encoder) load quantized, not as a
+    float copy, with logits near those of the same model holding the MXFP4 values (not bit
+    for bit: MLX's affine layout cannot hold the FP4 grid; docs/models.md)."""
+    experts = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    arch = dataclasses.replace(ARCHITECTURES["gpt-oss"], quantized=dict.fromkeys(experts, "MXFP4"))
+    path, reference = write_tiny_arch_gguf(arch, arch_dir / "tiny-gpt-oss-mxfp4.gguf")
+    loaded = load_gguf(path)
+    layer = loaded.model.layers[0].mlp.experts
+    assert "scales" in layer.gate_proj.parameters()
+    assert _max_error(loaded.model, reference) < 0.05
+
+
 def test_llama_with_experts_is_mixtral() -> None:
     assert find_architecture("llama").model_type == "llama"
     assert find_architecture("llama", {"llama.expert_count": 8}).model_type == "mixtral"
@@ -117,6 +130,7 @@ def test_supported_architectures() -> None:
         "olmo2",
         "granite",
         "smollm3",
+        "gpt-oss",
     }
     with pytest.raises(ValueError, match=r"unsupported GGUF architecture 'rwkv7'; supported: "):
         find_architecture("rwkv7")

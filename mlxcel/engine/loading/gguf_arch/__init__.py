@@ -9,6 +9,7 @@ from typing import Any
 from mlxcel.engine.loading.gguf_arch import (
     gemma2,
     gemma3,
+    gpt_oss,
     granite,
     llama,
     olmo2,
@@ -35,6 +36,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         olmo2,
         granite,
         smollm3,
+        gpt_oss,
     )
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
