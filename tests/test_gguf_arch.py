@@ -55,6 +55,25 @@ def test_tiny_architecture_matches_mlx_lm(name: str, arch_dir: Path) -> None:
     assert _greedy(loaded.model, PROMPT, 6) == _greedy(reference, PROMPT, 6)
 
 
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_tokenizer_from_the_file(name: str, arch_dir: Path) -> None:
+    """Each architecture's tokenizer comes from the file's metadata: SentencePiece (BOS
+    first; Gemma without the space prefix) or byte-level BPE, round-tripping the text, with
+    the file's chat template and EOS."""
+    arch = ARCHITECTURES[name]
+    path, _ = write_tiny_arch_gguf(arch, arch_dir / f"tok-{name}.gguf")
+    tokenizer = load_gguf(path).tokenizer
+    ids = tokenizer.encode("The cat sat on the mat")
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "The cat sat on the mat"
+    first = tokenizer.convert_ids_to_tokens(ids[:2])
+    if arch.spm:
+        assert first[0] == "<s>" and tokenizer.eos_token == "</s>"
+        assert first[1] == ("T" if name == "gemma2" else "▁The")
+    else:
+        assert first[0] == "The" and tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+
+
 def _max_error(got: object, reference: object) -> float:
     inputs = mx.array([PROMPT])
     want = np.array(reference(inputs))  # type: ignore[operator]
