@@ -821,3 +821,27 @@ def test_gelu_approx_op_is_mlx_gelu_approx_closer_to_exact(kernels: ModuleType) 
     half = x.astype(mx.float16)
     assert mx.array_equal(nn.gelu_approx(half), original(half))
     np.testing.assert_allclose(np.array(original(x)), got, atol=2e-6)
+
+
+def test_gemma_offset_rms_norm_runs_as_one_kernel_op(kernels: ModuleType) -> None:
+    """Gemma's `1 + weight` RMS norms (mlx-lm's gemma3_text and gemma2 `RMSNorm`) swap to
+    the kernel's one-op norm with `1 + weight` precomputed: MLX's result within float32
+    rounding, the parameters unchanged, float16 input on MLX's own path."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import gemma2, gemma3_text
+
+    from mlxcel.engine.cpu_kernels.layers import KernelOffsetRMSNorm, use_norm_kernel
+
+    model = nn.Sequential(gemma3_text.RMSNorm(640, eps=1e-6), gemma2.RMSNorm(96), nn.RMSNorm(8))
+    model.layers[0].weight = mx.random.normal((640,), key=mx.random.key(4))
+    xs = [mx.random.normal((2, 3, 640), key=mx.random.key(5)), mx.random.normal((4, 96))]
+    want = [np.array(model.layers[i](xs[i])) for i in range(2)]
+    names = [name for name, _ in tree_flatten(model.parameters())]
+    assert use_norm_kernel(model, kernels) == 3
+    assert [name for name, _ in tree_flatten(model.parameters())] == names
+    for i in range(2):
+        assert isinstance(model.layers[i], KernelOffsetRMSNorm)
+        np.testing.assert_allclose(np.array(model.layers[i](xs[i])), want[i], atol=2e-6, rtol=1e-5)
+    half = xs[0].astype(mx.float16)
+    expected = mx.fast.rms_norm(half, 1.0 + model.layers[0].weight, 1e-6)
+    assert mx.array_equal(model.layers[0](half), expected)

@@ -222,6 +222,28 @@ class KernelRMSNorm(nn.RMSNorm):
         return out
 
 
+class KernelOffsetRMSNorm(nn.Module):
+    """Gemma's RMS norm (mlx-lm's gemma, gemma2 and gemma3_text `RMSNorm`: scale by
+    `1 + weight`) on the kernel's one-op rms norm, `1 + weight` computed once at the swap
+    and held outside the parameters (where mlx-lm adds it on every call)."""
+
+    kernels: ModuleType
+    eps: float
+
+    def __call__(self, x: mx.array) -> mx.array:
+        scale: mx.array = vars(self)["offset_weight"]
+        if x.dtype != mx.float32 or scale.dtype != mx.float32:
+            return mx.fast.rms_norm(x, 1.0 + self["weight"], self.eps)
+        out: mx.array = self.kernels.rms_norm(x, scale, float(self.eps))
+        return out
+
+
+# mlx-lm modules whose `RMSNorm` scales by 1 + weight.
+_OFFSET_NORM_MODULES = frozenset(
+    f"mlx_lm.models.{name}" for name in ("gemma", "gemma2", "gemma3_text")
+)
+
+
 def _swap_exact(model: nn.Module, kernels: ModuleType, kind: type, to: type) -> int:
     """Switch every module of exactly type `kind` (not a subclass) to `to`; how many."""
     changed = 0
@@ -234,8 +256,20 @@ def _swap_exact(model: nn.Module, kernels: ModuleType, kind: type, to: type) -> 
 
 
 def use_norm_kernel(model: nn.Module, kernels: ModuleType) -> int:
-    """Switch `model`'s plain `nn.RMSNorm` modules to `KernelRMSNorm`. Returns how many."""
-    return _swap_exact(model, kernels, nn.RMSNorm, KernelRMSNorm)
+    """Switch `model`'s plain `nn.RMSNorm` modules to `KernelRMSNorm`, and Gemma's
+    `1 + weight` ones to `KernelOffsetRMSNorm`. Returns how many."""
+    changed = _swap_exact(model, kernels, nn.RMSNorm, KernelRMSNorm)
+    for _, module in model.named_modules():
+        kind = type(module)
+        if kind.__name__ != "RMSNorm" or kind.__module__ not in _OFFSET_NORM_MODULES:
+            continue
+        offset = 1.0 + module["weight"]
+        mx.eval(offset)
+        vars(module)["offset_weight"] = offset  # not a parameter: derived from `weight`
+        module.__class__ = KernelOffsetRMSNorm
+        module.kernels = kernels
+        changed += 1
+    return changed
 
 
 def use_rope_kernel(model: nn.Module, kernels: ModuleType) -> int:
