@@ -148,6 +148,7 @@ def test_supported_architectures() -> None:
         "qwen3moe",
         "olmo2",
         "granite",
+        "granitemoe",
         "smollm3",
         "gpt-oss",
     }

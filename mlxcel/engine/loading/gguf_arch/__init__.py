@@ -11,6 +11,7 @@ from mlxcel.engine.loading.gguf_arch import (
     gemma3,
     gpt_oss,
     granite,
+    granitemoe,
     llama,
     olmo2,
     phi3,
@@ -35,6 +36,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         qwen3moe,
         olmo2,
         granite,
+        granitemoe,
         smollm3,
         gpt_oss,
     )
