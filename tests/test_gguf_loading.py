@@ -281,7 +281,9 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     writer.write_tensors_to_file()
     writer.close()
     supported = "llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen2moe, qwen3moe, olmo2, granite"
-    with pytest.raises(ValueError, match=rf"'rwkv7'; supported: {supported}, smollm3, gpt-oss$"):
+    with pytest.raises(
+        ValueError, match=rf"'rwkv7'; supported: {supported}, granitemoe, smollm3, gpt-oss$"
+    ):
         load_gguf(path)
 
 
