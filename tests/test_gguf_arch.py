@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,13 @@ import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
-from fixtures.tiny_arch_gguf import ARCHITECTURES, write_tiny_arch_gguf
+from fixtures.tiny_arch_gguf import (
+    ARCHITECTURES,
+    converted_tensors,
+    tiny_config,
+    tiny_reference,
+    write_tiny_arch_gguf,
+)
 from server_harness import ServeProcess
 
 from mlxcel.engine.loading.gguf import load_gguf
@@ -53,6 +60,30 @@ def test_tiny_architecture_matches_mlx_lm(name: str, arch_dir: Path) -> None:
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     assert _greedy(loaded.model, PROMPT, 6) == _greedy(reference, PROMPT, 6)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_fixture_names_are_llama_cpps(name: str) -> None:
+    """The fixtures name each tensor as llama.cpp's converter does: the Hugging Face name
+    of every weight (mlx-lm's stacked `switch_mlp` as HF's merged `mlp.experts`) maps to the
+    same GGUF name through gguf-py's `TensorNameMap`, llama.cpp's own table. So the loader
+    is checked against llama.cpp's names, not against a copy of its own table."""
+    import gguf
+
+    arch = ARCHITECTURES[name]
+    by_name = {value: key for key, value in gguf.MODEL_ARCH_NAMES.items()}
+    config = tiny_config(arch, 100)
+    _, weights = tiny_reference(config)
+    table = gguf.get_tensor_name_map(by_name[arch.architecture], config["num_hidden_layers"])
+    for hf_name, value in weights.items():
+        written = [g for g, _ in converted_tensors(arch, config, hf_name, np.array(value))]
+        merged = re.sub(r"(block_sparse_moe|mlp)\.switch_mlp\.", "mlp.experts.", hf_name)
+        theirs = table.get_name(merged, try_suffixes=(".weight", ".bias"))
+        if theirs and not theirs.endswith((".weight", ".bias")):
+            theirs += ".weight"  # a bare parameter (gpt-oss's sinks): the converter adds it
+        if arch.split_qkv and theirs and theirs.endswith("attn_qkv.weight"):
+            theirs = theirs.replace("attn_qkv", "attn_q")  # split on purpose
+        assert theirs in written, (hf_name, written, theirs)
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
