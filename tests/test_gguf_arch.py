@@ -10,7 +10,9 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import mlx.core as mx
@@ -159,6 +161,45 @@ def test_gpt_oss_with_mxfp4_experts(arch_dir: Path) -> None:
     layer = loaded.model.layers[0].mlp.experts
     assert "scales" in layer.gate_proj.parameters()
     assert _max_error(loaded.model, reference) < 0.05
+
+
+def _with_phi3_long_rope(writer: Any, config: dict[str, Any]) -> None:
+    ARCHITECTURES["phi3"].keys(writer, config)
+    writer.add_tensor("rope_factors_long.weight", np.ones(8, np.float32))
+
+
+def _without_expert_count(writer: Any, config: dict[str, Any]) -> None:
+    writer.add_uint32("qwen3moe.expert_used_count", config["num_experts_per_tok"])
+    writer.add_key_length(config["head_dim"])
+
+
+@pytest.mark.parametrize(
+    ("name", "keys", "message"),
+    [
+        (
+            "phi3",
+            _with_phi3_long_rope,
+            "phi3 with LongRoPE factors (128k context) is not supported",
+        ),
+        ("qwen3moe", _without_expert_count, "GGUF metadata qwen3moe.expert_count is missing"),
+    ],
+)
+def test_a_file_the_class_cannot_take_is_one_line(
+    name: str, keys: Callable[[Any, dict[str, Any]], None], message: str, arch_dir: Path
+) -> None:
+    """What an architecture's mapping cannot read (Phi-3's LongRoPE factors, a MoE file
+    without its expert count) is one line and exit 2 on `mlxcel generate`."""
+    arch = dataclasses.replace(ARCHITECTURES[name], keys=keys)
+    path, _ = write_tiny_arch_gguf(arch, arch_dir / f"refused-{name}.gguf")
+    out = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "generate", "-m", str(path), "-n", "1", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("mlxcel: error: ") and message in line
 
 
 def test_llama_with_experts_is_mixtral() -> None:
