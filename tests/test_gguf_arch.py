@@ -150,6 +150,24 @@ def test_the_hyper_parameters_matter(name: str, broken: dict[str, float], arch_d
     assert _max_error(model, reference) > 1e-2
 
 
+@pytest.mark.parametrize(
+    ("name", "quant"),
+    [("mixtral", "Q4_0"), ("qwen2moe", "Q8_0"), ("qwen3moe", "Q4_0"), ("granitemoe", "Q5_1")],
+)
+def test_quantized_experts_stay_quantized(name: str, quant: str, arch_dir: Path) -> None:
+    """Stacked expert tensors in a quantized type load into MLX's quantized `SwitchGLU`
+    layers (no float copy) and give the logits of the model holding the file's values."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    experts = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    arch = dataclasses.replace(ARCHITECTURES[name], quantized=dict.fromkeys(experts, quant))
+    path, reference = write_tiny_arch_gguf(arch, arch_dir / f"tiny-{name}-{quant}.gguf")
+    loaded = load_gguf(path)
+    kinds = [type(m) for _, m in loaded.model.named_modules()]
+    assert kinds.count(QuantizedSwitchLinear) == 3 * loaded.config["num_hidden_layers"]
+    assert _max_error(loaded.model, reference) < 1e-4
+
+
 def test_gpt_oss_with_mxfp4_experts(arch_dir: Path) -> None:
     """gpt-oss as published: MXFP4 experts (with gguf-py's encoder) load quantized, not as a
     float copy, with logits near those of the same model holding the MXFP4 values (not bit
