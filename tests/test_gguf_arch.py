@@ -168,6 +168,21 @@ def test_quantized_experts_stay_quantized(name: str, quant: str, arch_dir: Path)
     assert _max_error(loaded.model, reference) < 1e-4
 
 
+@pytest.mark.parametrize("name", ["gpt-oss", "phi3-split", "qwen2moe", "smollm3", "gemma2"])
+def test_store_round_trip(name: str, arch_dir: Path, tmp_path: Path) -> None:
+    """The converted model saved in the model store (renamed, fixed-up weights and the
+    config with the architecture's keys) loads back as the same model."""
+    from mlxcel.engine.loading.store import ModelStore
+
+    path, reference = write_tiny_arch_gguf(ARCHITECTURES[name], arch_dir / f"store-{name}.gguf")
+    store = ModelStore(tmp_path / "store")
+    first = load_gguf(path, store=store)
+    second = load_gguf(path, store=store)
+    assert not first.from_store and second.from_store
+    assert second.config == first.config
+    assert _max_error(second.model, reference) < 1e-4
+
+
 def test_gpt_oss_with_mxfp4_experts(arch_dir: Path) -> None:
     """gpt-oss as published: MXFP4 experts (with gguf-py's encoder) load quantized, not as a
     float copy, with logits near those of the same model holding the MXFP4 values (not bit
