@@ -69,7 +69,7 @@ def test_defaults_are_llama_server_defaults_and_valid() -> None:
     [
         ("temperature", -0.1),
         ("temperature", math.nan),
-        ("top_p", 0.0),
+        ("top_p", -0.1),
         ("top_p", 1.5),
         ("min_p", -0.01),
         ("min_p", 1.01),
@@ -78,7 +78,7 @@ def test_defaults_are_llama_server_defaults_and_valid() -> None:
         ("penalty_context_size", -5),
         ("frequency_penalty", math.inf),
         ("dry_multiplier", -1.0),
-        ("dry_base", 0.5),
+        ("dry_base", -0.5),
         ("dry_allowed_length", 0),
         ("dry_penalty_last_n", -2),
         ("dry_sequence_breakers", (1, -3)),

@@ -147,3 +147,51 @@ def test_validate_checks_each_knobs_range_from_the_table(knob: SamplingKnob) -> 
         for value in outside:
             with pytest.raises(ValueError, match=f"^{param} must be .*, not "):
                 SamplingParams(**{param: knob.kind(value)}).validate()
+
+
+def test_top_p_zero_keeps_only_the_most_probable_token() -> None:
+    """The spec's top_p range is [0, 1]; 0 keeps the top token, as llama.cpp keeps at least
+    one (it used to mask every token and draw from NaNs)."""
+    import mlx.core as mx
+
+    from mlxcel.engine.sampling.samplers import make_sampler
+
+    logits = mx.random.normal((1, 49152), key=mx.random.key(3))
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    top = int(mx.argmax(logprobs, axis=-1).item())
+    for seed in range(8):
+        params = SamplingParams(temperature=1.5, top_k=0, top_p=0.0, min_p=0.0, seed=seed)
+        params.validate()
+        assert int(make_sampler(params)(logprobs).item()) == top
+
+
+def test_dry_below_base_one_is_off_as_in_llama_cpp() -> None:
+    from mlxcel.engine.sampling.processors import make_dry
+
+    assert make_dry(0.8, 0.5, 2, -1) is None
+    assert make_dry(0.8, 1.75, 2, -1) is not None
+    SamplingParams(dry_multiplier=0.8, dry_base=0.5).validate()
+
+
+STARTUP_REFUSALS = [
+    ("repeat_penalty", 0.0, "--repeat-penalty"),
+    ("temp", -1.0, "--temp"),
+    ("dry_allowed_length", 0, "--dry-allowed-length"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "flag"), STARTUP_REFUSALS)
+def test_a_sampling_option_every_request_would_refuse_is_refused_at_startup(
+    field: str, value: float, flag: str
+) -> None:
+    """The server's defaults pass the same knob table as a request's values: a server that
+    would answer every request 400 refuses to start, naming the option (it used to start)."""
+    from mlxcel.config import SettingsError
+    from mlxcel.server.boot import check_sampling_defaults
+
+    settings = Settings(**{field: value})
+    with pytest.raises(SettingsError, match=f"^{flag} must be "):
+        check_sampling_defaults(settings)
+    with pytest.raises(ValueError):
+        sampling_from_settings(settings)
+    check_sampling_defaults(Settings(top_p=0.0, dry_base=0.5))  # both llama.cpp-valid

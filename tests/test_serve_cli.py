@@ -53,6 +53,14 @@ def test_unknown_option_is_one_line_and_exit_2() -> None:
     assert "--definitely-not-an-option" in lines[0]
 
 
+def test_a_sampling_default_every_request_would_refuse_exits_2_before_listening() -> None:
+    result = run_cli("--repeat-penalty", "0", "--port", str(free_port()))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "mlxcel: error: --repeat-penalty must be > 0, not 0.0"
+    ]
+
+
 def test_bad_value_is_one_line_and_exit_2() -> None:
     result = run_cli("--port", "not-a-number")
     assert result.returncode == 2

@@ -34,6 +34,18 @@ def sampling_from_settings(
     return params
 
 
+def check_sampling_settings(settings: Settings) -> None:
+    """Raise ValueError (one line naming the option) for a sampling default a request would
+    be refused with, so a server never starts that would refuse every request."""
+    from mlxcel.config.llama_flags import cli_label
+
+    for knob in SAMPLING_KNOBS:
+        if knob.setting:
+            value = knob.value(getattr(settings, knob.setting))
+            if value is not None:
+                knob.check_range(cli_label(knob.setting), value)
+
+
 def loop_params(
     settings: Settings,
     family: str | None,

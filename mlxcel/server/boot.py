@@ -99,12 +99,24 @@ def check_memory_budget_setting() -> None:
         raise SettingsError(str(exc)) from None
 
 
+def check_sampling_defaults(settings: Settings) -> None:
+    """Refuse (SettingsError) a sampling option every request would be refused with."""
+    from mlxcel.config import SettingsError
+    from mlxcel.engine.defaults import check_sampling_settings
+
+    try:
+        check_sampling_settings(settings)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def check_settings(settings: Settings) -> None:
     """Refuse, reading no weights, what would make loading fail: an unreadable template
-    file or an invalid memory budget (SettingsError), a model reference that cannot be
-    loaded (ModelLoadError, one line naming the flag)."""
+    file, an invalid memory budget or sampling option (SettingsError), a model reference
+    that cannot be loaded (ModelLoadError, one line naming the flag)."""
     chat_template_text(settings)
     check_memory_budget_setting()
+    check_sampling_defaults(settings)
     check_models(settings)
 
 

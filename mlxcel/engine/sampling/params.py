@@ -165,7 +165,7 @@ def _knob(
 SAMPLING_KNOBS: tuple[SamplingKnob, ...] = (
     _knob("temperature", "temp", float, props="temperature", ge=0),
     _knob("top_k", "top_k", int, props="top_k"),
-    _knob("top_p", "top_p", float, props="top_p", gt=0, le=1),
+    _knob("top_p", "top_p", float, props="top_p", ge=0, le=1),  # 0: the top token only
     _knob("min_p", "min_p", float, props="min_p", ge=0, le=1),
     _knob(
         "repetition_penalty",
@@ -188,7 +188,7 @@ SAMPLING_KNOBS: tuple[SamplingKnob, ...] = (
     _knob("frequency_penalty", "frequency_penalty", float, props="frequency_penalty"),
     _knob("presence_penalty", "presence_penalty", float, props="presence_penalty"),
     _knob("dry_multiplier", "dry_multiplier", float, props="dry_multiplier", ge=0),
-    _knob("dry_base", "dry_base", float, props="dry_base", ge=1),
+    _knob("dry_base", "dry_base", float, props="dry_base", ge=0),  # below 1: DRY off
     _knob("dry_allowed_length", "dry_allowed_length", int, props="dry_allowed_length", ge=1),
     _knob("dry_penalty_last_n", "dry_penalty_last_n", int, props="dry_penalty_last_n", ge=-1),
     _knob("xtc_probability", "xtc_probability", float, ge=0, le=1),

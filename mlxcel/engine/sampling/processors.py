@@ -217,7 +217,7 @@ def make_dry(
     sync, which costs some CPU/GPU overlap) and scans the context with `dry_penalties`.
     One processor per request: it caches the context it has seen. None when off.
     """
-    if multiplier <= 0:
+    if multiplier <= 0 or base < 1:  # llama.cpp turns DRY off below base 1
         return None
     breakers = np.array(sorted(set(sequence_breakers)), dtype=np.int64)
     if base > 1:

@@ -70,6 +70,11 @@ def initial_mu(params: SamplingParams) -> float:
     return 2.0 * float(params.mirostat_tau)
 
 
+_TOP_P_KEEPS_ONE = 1e-9
+"""The top_p a row runs with at least: top_p 0 keeps the most probable token alone, as
+llama.cpp keeps at least one (the top token's probability is at least 1 / vocabulary)."""
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage's per-row settings: whether a row uses the stage, and the values (one
@@ -82,7 +87,7 @@ class Stage:
 STAGES: dict[str, Stage] = {
     "top_n_sigma": Stage(lambda p: p.top_n_sigma > 0, (lambda p: p.top_n_sigma,)),
     "typical_p": Stage(lambda p: p.typical_p < 1.0, (lambda p: p.typical_p,)),
-    "top_p": Stage(lambda p: p.top_p < 1.0, (lambda p: p.top_p,)),
+    "top_p": Stage(lambda p: p.top_p < 1.0, (lambda p: max(p.top_p, _TOP_P_KEEPS_ONE),)),
     "min_p": Stage(lambda p: p.min_p > 0, (lambda p: math.log(p.min_p),)),
     "xtc": Stage(
         lambda p: p.xtc_probability > 0,
