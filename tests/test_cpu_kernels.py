@@ -845,3 +845,15 @@ def test_gemma_offset_rms_norm_runs_as_one_kernel_op(kernels: ModuleType) -> Non
     half = xs[0].astype(mx.float16)
     expected = mx.fast.rms_norm(half, 1.0 + model.layers[0].weight, 1e-6)
     assert mx.array_equal(model.layers[0](half), expected)
+
+
+def test_non_contiguous_inputs_are_gathered_exactly(kernels: ModuleType) -> None:
+    """Inputs that are views (a [B, L, H, D] -> [B, H, L, D] transpose, as mlx-lm's q and k
+    reach their norms, or a strided last axis) give what their row-contiguous copies give."""
+    x = mx.random.normal((2, 7, 4, 64), key=mx.random.key(9))
+    weight = mx.random.normal((64,), key=mx.random.key(10))
+    for view in (x.transpose(0, 2, 1, 3), x[..., ::2].transpose(0, 2, 1, 3)):
+        copy = mx.array(np.array(view))
+        w = weight[: view.shape[-1]]
+        assert mx.array_equal(kernels.rms_norm(view, w, 1e-6), kernels.rms_norm(copy, w, 1e-6))
+        assert mx.array_equal(kernels.silu(view), kernels.silu(copy))
