@@ -18,6 +18,8 @@ SETTING_DEFAULTS: dict[str, str] = {
     "n_predict": "-1",
     "threads": "-1",
     "cpu_dtype": "auto",
+    "cache_type_k": "f16",
+    "cache_type_v": "f16",
 }
 
 PROFILE_OPTION = typer.Option(

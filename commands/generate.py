@@ -115,6 +115,20 @@ def generate(
         help="CPU threads for mlxcel's CPU kernel (-1: one per core).",
         show_default=SETTING_DEFAULTS["threads"],
     ),
+    cache_type_k: str | None = typer.Option(
+        None,
+        "--cache-type-k",
+        "-ctk",
+        help="KV cache type of the keys: f32, f16, bf16, q8_0 or q4_0 (the same as -ctv).",
+        show_default=SETTING_DEFAULTS["cache_type_k"],
+    ),
+    cache_type_v: str | None = typer.Option(
+        None,
+        "--cache-type-v",
+        "-ctv",
+        help="KV cache type of the values (the same as -ctk).",
+        show_default=SETTING_DEFAULTS["cache_type_v"],
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON object instead of streaming."
     ),
@@ -146,6 +160,8 @@ def generate(
         "ignore_eos": ignore_eos or None,
         "cpu_dtype": cpu_dtype,
         "threads": threads,
+        "cache_type_k": cache_type_k,
+        "cache_type_v": cache_type_v,
     }
     resolved = resolve(profile, cli)
     if settings_actions(resolved, show_settings, save_profile):
@@ -214,7 +230,12 @@ def generate(
 
         engine = VisionEngine(loaded)
     else:
-        engine = TextEngine(loaded, slots=1, prefill_chunk=settings.batch_size)
+        engine = TextEngine(
+            loaded,
+            slots=1,
+            prefill_chunk=settings.batch_size,
+            kv_type=_kv_type(settings, loaded.model),
+        )
     pieces: list[str] = []
     start = time.perf_counter()
     try:
@@ -277,6 +298,16 @@ def _count_and_rate(what: str, tokens: int, per_second: float) -> str:
     if tokens <= 0 or per_second <= 0:
         return f"{what}: {tokens} tokens"
     return f"{what}: {tokens} tokens, {per_second:.1f} tok/s"
+
+
+def _kv_type(settings: Any, model: Any) -> Any:
+    """The KV cache type of `-ctk`/`-ctv` for `model` (one line and exit 2 when refused)."""
+    from mlxcel.engine.text.kv_types import kv_types
+
+    try:
+        return kv_types(settings.cache_type_k, settings.cache_type_v, model)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _read_prompt(arg: str | None, option: str | None) -> str:

@@ -90,7 +90,7 @@ def test_every_row_has_a_deliberate_status() -> None:
 
 
 PINNED = {
-    Status.IGNORED: "-tb -C --prio --poll -ngl -fa -ctk -ctv --mlock --mmap --numa -dev -sm -ts"
+    Status.IGNORED: "-tb -C --prio --poll -ngl -fa --mlock --mmap --numa -dev -sm -ts"
     " -mg -kvo --repack --no-host -fit -fitt -cb -nocb --swa-full --perf -e --check-tensors -dio"
     " -lm --threads-http -cmoe -ncmoe --op-offload --webui --ui-config -sps"
     " -hft --offline --draft-max -td -ngld",
@@ -101,7 +101,7 @@ PINNED = {
     " --mcp-servers-json --agent --samplers -l"
     " --gpt-oss-20b-default",
     Status.SUPPORTED: "-md --spec-type --spec-draft-n-max -m -c -n -b -ub -np --port --host"
-    " --api-key --api-key-file --metrics"
+    " --api-key --api-key-file --metrics -ctk -ctv"
     " --slots --props --cache-prompt -cram --temp --top-k --top-p --min-p -s --seed --jinja"
     " --chat-template --chat-template-kwargs -a -to --embedding --rerank --pooling --warmup"
     " --max-queue-depth --max-body-size --metrics-port -P --cpu-dtype --grammar-backend"
@@ -197,6 +197,8 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "chat_template_file": ("t.jinja", "t.jinja"),
     "model_store": ("/store", "/store"),
     "cpu_dtype": ("float32", "float32"),
+    "cache_type_k": ("q8_0", "q8_0"),
+    "cache_type_v": ("q8_0", "q8_0"),
     "threads": ("3", 3),
     "grammar_backend": ("xgrammar", "xgrammar"),
     "loop_detection": ("64,4,3", "64,4,3"),

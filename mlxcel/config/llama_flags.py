@@ -80,7 +80,7 @@ _MLXCEL = "mlxcel options"
 _THREADS = "CPU threads, affinity and priority: MLX schedules its own work"
 _OFFLOAD = "device placement and offload: MLX uses one device with unified memory"
 _MEMORY = "llama.cpp weight loading and locking: MLX manages weight memory itself"
-_KV_TYPE = "KV cache types: mlxcel keeps the KV cache in the model's dtype"
+_KV_TYPE = "draft KV cache types: the draft model keeps its cache in its own dtype"
 _CACHE = "llama.cpp KV cache internals: mlxcel has its own prompt cache"
 _UI = "mlxcel serves no web UI or static files"
 _ROPE = "RoPE/YaRN overrides are not supported; mlxcel uses the model's own settings"
@@ -175,9 +175,9 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
     (_COMMON, "--no-host", "LLAMA_ARG_NO_HOST", "",
         ign(_OFFLOAD)),
     (_COMMON, "-ctk, --cache-type-k TYPE", "LLAMA_ARG_CACHE_TYPE_K", "f16",
-        ign(_KV_TYPE)),
+        sup("cache_type_k")),
     (_COMMON, "-ctv, --cache-type-v TYPE", "LLAMA_ARG_CACHE_TYPE_V", "f16",
-        ign(_KV_TYPE)),
+        sup("cache_type_v")),
     (_COMMON, "-dt, --defrag-thold N", "LLAMA_ARG_DEFRAG_THOLD", "",
         ign("KV defragmentation is a llama.cpp detail")),
     (_COMMON, "--rpc SERVERS", "LLAMA_ARG_RPC", "",

@@ -96,6 +96,18 @@ class Settings(BaseModel):
         env="MLXCEL_CPU_DTYPE",
         group="model",
     )
+    cache_type_k: Literal["f32", "f16", "bf16", "q8_0", "q4_0"] = _f(
+        "f16",
+        "KV cache type of the keys (q8_0/q4_0: 8/4 bits in groups of 32); the same as -ctv",
+        env="LLAMA_ARG_CACHE_TYPE_K",
+        group="model",
+    )
+    cache_type_v: Literal["f32", "f16", "bf16", "q8_0", "q4_0"] = _f(
+        "f16",
+        "KV cache type of the values; the same as -ctk",
+        env="LLAMA_ARG_CACHE_TYPE_V",
+        group="model",
+    )
     threads: int = _f(
         -1,
         "CPU threads for mlxcel's CPU kernel (-1: one per core, at most 8)",

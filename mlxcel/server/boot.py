@@ -22,6 +22,7 @@ from mlxcel.server.served_models import audio_wanted, chat_model_wanted, check_m
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.loading.model import LoadedModel, ModelInfo
+    from mlxcel.engine.text.kv_types import KVType
     from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.text.scheduler import TextEngine
     from mlxcel.engine.text.sleep import IdleSleep
@@ -110,11 +111,25 @@ def check_sampling_defaults(settings: Settings) -> None:
         raise SettingsError(str(exc)) from None
 
 
+def kv_cache_type(settings: Settings, model: object | None = None) -> KVType:
+    """The KV cache type of `-ctk`/`-ctv` (SettingsError when they differ, or when `model`'s
+    caches cannot take it)."""
+    from mlxcel.config import SettingsError
+    from mlxcel.engine.text.kv_types import kv_types
+
+    try:
+        return kv_types(settings.cache_type_k, settings.cache_type_v, model)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def check_settings(settings: Settings) -> None:
     """Refuse, reading no weights, what would make loading fail: an unreadable template
-    file, an invalid memory budget or sampling option (SettingsError), a model reference
-    that cannot be loaded (ModelLoadError, one line naming the flag)."""
+    file, an invalid memory budget or sampling option, KV cache types that differ
+    (SettingsError), a model reference that cannot be loaded (ModelLoadError, one line
+    naming the flag)."""
     chat_template_text(settings)
+    kv_cache_type(settings)
     check_memory_budget_setting()
     check_sampling_defaults(settings)
     check_models(settings)
@@ -261,6 +276,7 @@ def _load_text_into(state: ServerState) -> None:
         **engine_slots(state, loaded.info.context_length),
         speculation=speculation_config(settings, loaded),
         sleep=idle_sleep(settings),
+        kv_type=kv_cache_type(settings, loaded.model),
     ).start()
     if settings.warmup:
         _warm_up(engine, loaded)

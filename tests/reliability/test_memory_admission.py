@@ -83,7 +83,20 @@ def test_an_engine_reads_its_model_shapes_once_and_keeps_them_while_it_sleeps(
 @pytest.fixture(scope="module")
 def budget_server(tiny_llama_dir: Path) -> Iterator[ServeProcess]:
     server = ServeProcess(
-        ["-m", str(tiny_llama_dir), "-np", "2", "-c", "4096", "--no-warmup"],
+        # float32 KV: the figures above (the default f16 halves the KV cache)
+        [
+            "-m",
+            str(tiny_llama_dir),
+            "-np",
+            "2",
+            "-c",
+            "4096",
+            "--no-warmup",
+            "-ctk",
+            "f32",
+            "-ctv",
+            "f32",
+        ],
         env={"MLXCEL_REQUEST_MEMORY_BUDGET": BUDGET},
     ).start()
     yield server

@@ -9,7 +9,8 @@ prompt has one token left joins the decoding batch), written over mlx-lm's publi
 before each call that samples, `before_sampling(uids)` gets the rows it will sample, in
 order (the decoding batch, then the sequences joining it); before each forward,
 `before_forward(uids)` gets the rows it runs (a vision model's language model places each
-row's positions by it).
+row's positions by it). A sequence inserted without a cache gets one of `kv_type`
+(`-ctk/-ctv`; None: mlx-lm's, in the model's dtype).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from mlx_lm.generate import (
     StopSequences,
     generation_stream,
 )
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+from mlxcel.engine.text.kv_types import KVType, make_cache
 
 _CLEAR_CACHE_EVERY = 512  # decode steps between MLX buffer-cache clears (as mlx-lm's)
 
@@ -73,8 +75,10 @@ class DecodeBatch:
         prefill_step_size: int,
         before_sampling: Callable[[list[int]], None] | None = None,
         before_forward: Callable[[list[int]], None] | None = None,
+        kv_type: KVType | None = None,
     ) -> None:
         self.model = model
+        self.kv_type = kv_type
         self.prefill_batch_size = prefill_batch_size
         self.completion_batch_size = max(completion_batch_size, prefill_batch_size)
         self.prefill_step_size = prefill_step_size
@@ -143,7 +147,7 @@ class DecodeBatch:
                 raise ValueError(f"sequence {uid}'s max_tokens must be > 0")
             segments = [list(prompt[:-1]), list(prompt[-1:])] if len(prompt) > 1 else [list(prompt)]
             if cache is None:
-                cache = make_prompt_cache(self.model)
+                cache = make_cache(self.model, self.kv_type)
             sampler = sampler or greedy_sampler
             waiting.append(_Waiting(uid, segments, m, cache, tokens, sampler, processors, stop))
         self._waiting.extend(waiting)

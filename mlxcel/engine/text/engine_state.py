@@ -46,3 +46,5 @@ class EngineSnapshot:
     queued: tuple[str, ...]
     counters: EngineCounters
     context_per_slot: int
+    kv_type: str = ""  # `-ctk/-ctv` ("": the model's dtype)
+    kv_bytes_per_token: int = 0  # keys and values of one token, every layer (0: unknown)

@@ -4,6 +4,8 @@ Each request's memory is estimated from the model's shapes and the context it as
 (prompt plus the tokens it may generate): its KV cache (every attention layer's keys and
 values, allocated in mlx-lm's 256-token steps) plus the activations of one prefill chunk
 (hidden states, MLP intermediates, attention scores and the last position's logits).
+The KV cache is counted in the engine's KV type (`-ctk/-ctv`: its real bytes a row, scales
+included for the quantized types), else in the model's dtype.
 
 The budget is the memory the device can give requests: on Metal the smallest of the device's
 recommended working set and MLX's allocator limit; elsewhere the smallest of MLX's allocator
@@ -22,10 +24,13 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxcel.config.process_env import REQUEST_MEMORY_BUDGET, request_memory_budget
 from mlxcel.engine.errors import RequestMemoryBudgetError
+
+if TYPE_CHECKING:
+    from mlxcel.engine.text.kv_types import KVType
 
 KV_STEP = 256  # mlx-lm's KVCache grows its buffers in steps of this many tokens
 
@@ -106,15 +111,18 @@ class ModelShapes:
     vocab: int
     dtype_bytes: int
     weight_bytes: int
+    kv_row_bytes: int = 0  # one head's key (or value) row in the KV type; 0: the model dtype
 
     @property
     def kv_bytes_per_token(self) -> int:
         """Keys plus values of one token over every layer."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        row = self.kv_row_bytes or self.head_dim * self.dtype_bytes
+        return 2 * self.layers * self.kv_heads * row
 
 
-def model_shapes(model: Any) -> ModelShapes:
-    """Shapes from an mlx-lm model's `args` (and its parameters for dtype and size)."""
+def model_shapes(model: Any, kv: KVType | None = None) -> ModelShapes:
+    """Shapes from an mlx-lm model's `args` (and its parameters for dtype and size); the
+    KV cache in type `kv` (None: the model's dtype)."""
     from mlx.utils import tree_flatten
 
     args = getattr(model, "args", None)
@@ -146,6 +154,7 @@ def model_shapes(model: Any) -> ModelShapes:
         vocab=arg("vocab_size", default=32000),
         dtype_bytes=dtype_bytes,
         weight_bytes=weight_bytes,
+        kv_row_bytes=kv.row_bytes(head_dim) if kv is not None else 0,
     )
 
 
@@ -165,8 +174,8 @@ def estimate_request_bytes(shapes: ModelShapes, n_prompt: int, max_new: int, chu
 class MemoryAdmission:
     """Per model: the shapes once, the budget once per process; `check` per request."""
 
-    def __init__(self, model: Any, budget: int | None = None) -> None:
-        self.shapes = model_shapes(model)
+    def __init__(self, model: Any, budget: int | None = None, kv: KVType | None = None) -> None:
+        self.shapes = model_shapes(model, kv)
         available = max(0, device_memory_limit() - self.shapes.weight_bytes)
         if budget is None:
             try:
@@ -190,10 +199,12 @@ class AdmissionControl:
 
     `model` gives the engine's network now. A vision-language model (mlx-vlm) is estimated
     from its language model, whose KV cache and activations grow with the context; its
-    vision tower's memory is not counted."""
+    vision tower's memory is not counted. `kv`: the engine's KV cache type (None: the
+    model's dtype)."""
 
-    def __init__(self, model: Callable[[], Any]) -> None:
+    def __init__(self, model: Callable[[], Any], kv: KVType | None = None) -> None:
         self._model = model
+        self._kv = kv
         self._lock = threading.Lock()
         self._admission: MemoryAdmission | None = None
 
@@ -202,8 +213,13 @@ class AdmissionControl:
         with self._lock:
             if self._admission is None:
                 model = self._model()
-                self._admission = MemoryAdmission(getattr(model, "language_model", None) or model)
+                language = getattr(model, "language_model", None) or model
+                self._admission = MemoryAdmission(language, kv=self._kv)
             return self._admission
+
+    def kv_bytes_per_token(self) -> int:
+        """The KV cache's bytes a token, every layer's keys and values."""
+        return self.admission().shapes.kv_bytes_per_token
 
     def admit(self, n_prompt: int, max_new: int, chunk: int | None = None) -> None:
         """Refuse (RequestMemoryBudgetError) a request that would not fit in memory; `chunk`:

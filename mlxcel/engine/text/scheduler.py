@@ -71,6 +71,7 @@ from mlxcel.engine.text.submission import iterate_events, token_budget
 from mlxcel.engine.text.token_logprobs import token_logprobs
 
 if TYPE_CHECKING:
+    from mlxcel.engine.text.kv_types import KVType
     from mlxcel.engine.text.speculative.engine_lane import SpeculativeLane
     from mlxcel.engine.text.speculative.lane import LaneToken, SoloLane
 
@@ -101,6 +102,7 @@ class TextEngine(Sleeps):
         speculation: SpeculationConfig | None = None,
         batched_sampling: bool | None = None,
         sleep: IdleSleep | None = None,
+        kv_type: KVType | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
@@ -113,7 +115,8 @@ class TextEngine(Sleeps):
         self.max_queue_depth = max_queue_depth
         self.prompt_cache = prompt_cache
         self.counters = EngineCounters()
-        self.memory = AdmissionControl(lambda: self.loaded.model)
+        self.kv_type = kv_type  # `-ctk/-ctv` (None: the model's dtype)
+        self.memory = AdmissionControl(lambda: self.loaded.model, kv_type)
         self._cond = threading.Condition()
         self._pending: list[tuple[int, int, RunningSequence]] = []
         self._seq = itertools.count()
@@ -222,7 +225,15 @@ class TextEngine(Sleeps):
                 for i in range(self.n_slots)
             )
             queued = tuple(job.request.request_id for _, _, job in sorted(self._pending))
-            return EngineSnapshot(slots, queued, self.counters, self.context_per_slot)
+            kv_name = self.kv_type.name if self.kv_type is not None else ""
+            return EngineSnapshot(
+                slots,
+                queued,
+                self.counters,
+                self.context_per_slot,
+                kv_name,
+                self.memory.kv_bytes_per_token(),
+            )
 
     # ------------------------------------------------------------- engine thread
 
@@ -350,6 +361,7 @@ class TextEngine(Sleeps):
             prefill_step_size=self.prefill_chunk,
             before_sampling=self._rows.before_sampling if self._rows is not None else None,
             before_forward=before_forward,
+            kv_type=self.kv_type,
         )
 
     def _speculative_lane(self, speculation: SpeculationConfig) -> SpeculativeLane:

@@ -29,7 +29,7 @@ from mlxcel.server.state import ServerState, get_state
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
-    from mlxcel.engine.text.engine_state import SlotState
+    from mlxcel.engine.text.engine_state import EngineSnapshot, SlotState
     from mlxcel.server.engine_protocol import GenerationEngine
 
 router = APIRouter()
@@ -160,7 +160,7 @@ def _task_id(request_id: str | None) -> int:
 
 
 def _slot_entry(
-    slot: SlotState, *, model: str, n_ctx: int, params: dict[str, Any]
+    slot: SlotState, *, model: str, n_ctx: int, params: dict[str, Any], snap: EngineSnapshot
 ) -> dict[str, Any]:
     busy = slot.state != "idle"
     entry: dict[str, Any] = {
@@ -171,6 +171,10 @@ def _slot_entry(
         "is_processing": busy,
         "n_ctx": n_ctx,
         "speculative": False,
+        # mlxcel's: the KV cache type and its real bytes a token, and the slot's bytes now
+        "kv_cache_type": snap.kv_type,
+        "kv_bytes_per_token": snap.kv_bytes_per_token,
+        "kv_bytes": (slot.n_prompt + slot.n_decoded) * snap.kv_bytes_per_token if busy else 0,
     }
     if not busy and not slot.used:
         return entry  # as llama-server: a slot that never ran a task has no task fields
@@ -200,7 +204,9 @@ def slots_payload(state: ServerState) -> list[dict[str, Any]]:
         sampling, n_predict=n_predict, ignore_eos=state.settings.ignore_eos
     )
     model, n_ctx = state.model_name, snap.context_per_slot
-    entries = [_slot_entry(s, model=model, n_ctx=n_ctx, params=params) for s in snap.slots]
+    entries = [
+        _slot_entry(s, model=model, n_ctx=n_ctx, params=params, snap=snap) for s in snap.slots
+    ]
     for i, request_id in enumerate(snap.queued):
         entries.append(
             {
