@@ -50,7 +50,8 @@ def serve(ctx: typer.Context) -> None:
     from mlxcel.server.runner import run_server
 
     try:
-        code = run_server(resolved.settings)
+        cli_fields = [name for name, source in resolved.sources.items() if source == "cli"]
+        code = run_server(resolved.settings, cli_fields)
     except SettingsError as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -80,6 +80,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from embed' -s m
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l adaptive-decay
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l adaptive-target
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l audio
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l cache-type-k
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l cache-type-v
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l chat-template-file
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l cpu-dtype
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l dry-allowed-length
@@ -128,6 +130,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l video
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l xtc-probability
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l xtc-threshold
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s P
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -o ctk
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -o ctv
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s m
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s n
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -s p

@@ -97,7 +97,7 @@ PINNED = {
     Status.REFUSED: "--lora --lora-scaled --control-vector --control-vector-scaled"
     " --control-vector-layer-range --grammar --grammar-file -j -jf --rope-scaling"
     " --rope-scale --rope-freq-base --rope-freq-scale --yarn-orig-ctx --yarn-ext-factor -mu -hf"
-    " -hff -dr --override-kv --models-dir --models-preset -mm -mmu --tools --mcp-servers-config"
+    " -hff -dr --override-kv -mm -mmu --tools --mcp-servers-config"
     " --mcp-servers-json --agent --samplers -l"
     " --gpt-oss-20b-default",
     Status.SUPPORTED: "-md --spec-type --spec-draft-n-max -m -c -n -b -ub -np --port --host"
@@ -107,7 +107,7 @@ PINNED = {
     " --max-queue-depth --max-body-size --metrics-port -P --cpu-dtype --grammar-backend"
     " --no-chat-template --sleep-idle-seconds --top-nsigma --typical --dynatemp-range"
     " --dynatemp-exp --mirostat --mirostat-lr --mirostat-ent --adaptive-target"
-    " --adaptive-decay",
+    " --adaptive-decay --models-dir --models-preset --models-max --models-autoload",
 }
 
 
@@ -227,6 +227,9 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "spec_draft_model": ("draft.gguf", "draft.gguf"),
     "spec_draft_n_max": ("8", 8),
     "spec_draft_n_min": ("2", 2),
+    "models_dir": ("./models", "./models"),
+    "models_preset": ("models.ini", "models.ini"),
+    "models_max": ("2", 2),
 }
 
 

@@ -94,7 +94,6 @@ _MULTIMODAL = (
     "pass an MLX vision model directory with -m instead"
 )
 _TOOLS = "built-in server tools, MCP and agent mode are not supported"
-_ROUTER = "router mode (several models) is not supported"
 
 # fmt: off
 # One row per option, the spec on its own line
@@ -491,13 +490,13 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
     (_SERVER, "--media-path PATH", "", "disabled",
         sup("media_path")),
     (_SERVER, "--models-dir PATH", "LLAMA_ARG_MODELS_DIR", "disabled",
-        ref(_ROUTER)),
+        sup("models_dir")),
     (_SERVER, "--models-preset PATH", "LLAMA_ARG_MODELS_PRESET", "disabled",
-        ref(_ROUTER)),
+        sup("models_preset")),
     (_SERVER, "--models-max N", "LLAMA_ARG_MODELS_MAX", "4, 0 = unlimited",
-        ign("only used by the llama.cpp router")),
+        sup("models_max")),
     (_SERVER, "--models-autoload, --no-models-autoload", "LLAMA_ARG_MODELS_AUTOLOAD", "enabled",
-        ign("only used by the llama.cpp router")),
+        sup("models_autoload")),
     (_SERVER, "--jinja, --no-jinja", "LLAMA_ARG_JINJA", "enabled",
         sup("jinja")),
     (_SERVER, "--reasoning-format FORMAT", "LLAMA_ARG_THINK", "auto",

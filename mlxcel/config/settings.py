@@ -513,6 +513,31 @@ class Settings(BaseModel):
         group="server",
         ge=0,
     )
+    models_dir: str | None = _f(
+        None,
+        "Router mode (no -m): serve every model in this directory, loaded on demand",
+        env="LLAMA_ARG_MODELS_DIR",
+        group="server",
+    )
+    models_preset: str | None = _f(
+        None,
+        "Router mode (no -m): an INI file of models and their options ([*] for all)",
+        env="LLAMA_ARG_MODELS_PRESET",
+        group="server",
+    )
+    models_max: int = _f(
+        4,
+        "Router mode: models loaded at once; the least recently used is unloaded (0 = no limit)",
+        env="LLAMA_ARG_MODELS_MAX",
+        group="server",
+        ge=0,
+    )
+    models_autoload: bool = _f(
+        True,
+        "Router mode: load a model on its first request (off: only POST /models/load)",
+        env="LLAMA_ARG_MODELS_AUTOLOAD",
+        group="server",
+    )
     sleep_idle_seconds: int = _f(
         -1,
         "Seconds without a request after which the model is unloaded until the next one"

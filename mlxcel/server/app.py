@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from fastapi import APIRouter, FastAPI
 
@@ -75,17 +75,46 @@ def public_paths(prefix: str) -> set[str]:
     return paths
 
 
+class GuardOptions(TypedDict):
+    """`RequestGuard`'s options from the settings: API keys, open paths, body caps."""
+
+    api_keys: ApiKeys
+    public_paths: set[str]
+    keyless_paths: frozenset[str]
+    max_body_size: int
+    upload_paths: frozenset[str]
+    upload_max_body_size: int
+
+
+def guard_options(settings: Settings, prefix: str) -> GuardOptions:
+    """The request guard's options for a server under `prefix`."""
+    return GuardOptions(
+        api_keys=ApiKeys(settings.api_keys()),
+        public_paths=public_paths(prefix),
+        keyless_paths=frozenset(f"{prefix}{route}" for route in KEYLESS_ROUTES),
+        max_body_size=settings.max_body_size,
+        upload_paths=frozenset(f"{prefix}{path}" for path in UPLOAD_PATHS),
+        upload_max_body_size=max(settings.max_body_size, MAX_BODY_BYTES),
+    )
+
+
+def cors_options(settings: Settings) -> dict[str, str | bool] | None:
+    """`Cors`'s options from `--cors-origins/methods/headers/credentials` (None: no CORS)."""
+    if not _split(settings.cors_origins):
+        return None
+    return {
+        "origins": settings.cors_origins,
+        "methods": settings.cors_methods or "GET, POST, DELETE, OPTIONS",
+        "headers": settings.cors_headers or "*",
+        "credentials": bool(settings.cors_credentials),
+    }
+
+
 def add_cors(app: FastAPI, settings: Settings) -> None:
     """CORS from `--cors-origins/methods/headers/credentials`, as llama-server applies them."""
-    if not _split(settings.cors_origins):
-        return
-    app.add_middleware(
-        Cors,
-        origins=settings.cors_origins,
-        methods=settings.cors_methods or "GET, POST, DELETE, OPTIONS",
-        headers=settings.cors_headers or "*",
-        credentials=bool(settings.cors_credentials),
-    )
+    options = cors_options(settings)
+    if options is not None:
+        app.add_middleware(Cors, **options)  # type: ignore[arg-type]
 
 
 def _include_no_chat_model_routes(app: FastAPI, settings: Settings, prefix: str) -> None:
@@ -134,12 +163,7 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
     )
     app.add_middleware(
         RequestGuard,
-        api_keys=ApiKeys(settings.api_keys()),
-        public_paths=public_paths(prefix),
-        keyless_paths=frozenset(f"{prefix}{route}" for route in KEYLESS_ROUTES),
-        max_body_size=settings.max_body_size,
-        upload_paths=frozenset(f"{prefix}{path}" for path in UPLOAD_PATHS),
-        upload_max_body_size=max(settings.max_body_size, MAX_BODY_BYTES),
+        **guard_options(settings, prefix),
         is_loading=lambda: state.loading,
         max_header_bytes=max_header_bytes,
     )

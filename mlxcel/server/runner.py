@@ -3,24 +3,29 @@
 The port opens first and answers `/health` with "loading model" (503) while the models
 load on a background thread (`mlxcel.server.boot`), as llama-server does; the other routes
 answer 503 until then. This module is the HTTP lifecycle: uvicorn, the listening sockets,
-the stop signals and draining.
+the stop signals and draining. What it serves is a `Serving`: one model's (`single_model`)
+or, in router mode, several models' (`mlxcel.server.router.serve`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from mlxcel.server.app import create_app
 from mlxcel.server.boot import announce, check_settings, load_into, stop_services
@@ -136,27 +141,54 @@ def _url(sock: socket.socket, settings: Settings) -> str:
     return f"{scheme}://{host}:{port}"
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What the HTTP lifecycle serves: the app, and how its models load, report, stop."""
+
+    state: ServerState  # the server's: `/health` and draining are keyed on it
+    app: ASGIApp
+    load: Callable[[], None]  # on the loading thread, once listening; raises to stop
+    announce: Callable[[], None]  # after a load that worked
+    busy: Callable[[], bool]  # a request is in flight (SIGTERM drains first)
+    stop: Callable[[], None]
+    metrics: ASGIApp | None = None  # the `--metrics-port` app
+
+
+def single_model(state: ServerState) -> Serving:
+    """Serving one model (or its side models): today's `mlxcel serve -m`."""
+    return Serving(
+        state=state,
+        app=create_app(state),
+        load=partial(load_into, state),
+        announce=partial(announce, state),
+        busy=partial(_busy, state),
+        stop=partial(stop_services, state),
+        metrics=metrics_app(state),
+    )
+
+
 class _Server:
     """The main uvicorn server plus, with `--metrics-port`, a metrics-only one."""
 
-    def __init__(self, state: ServerState, sockets: list[socket.socket]) -> None:
-        self.state = state
+    def __init__(self, serving: Serving, sockets: list[socket.socket]) -> None:
+        self.serving = serving
+        self.state = serving.state
         self.sockets = sockets
-        settings = state.settings
+        settings = self.state.settings
         guard = connection_guard(settings)
-        self.main = _MainServer(uvicorn_config(create_app(state), settings, guard=guard))
-        self.main.state = state
+        self.main = _MainServer(uvicorn_config(serving.app, settings, guard=guard))
+        self.main.serving = serving
         self.metrics: uvicorn.Server | None = None
-        if len(sockets) > 1:
+        if len(sockets) > 1 and serving.metrics is not None:
             config = uvicorn_config(
-                metrics_app(state), settings, port=settings.metrics_port, guard=guard
+                serving.metrics, settings, port=settings.metrics_port, guard=guard
             )
             self.metrics = _QuietServer(config)
         self.failure: str | None = None
 
     def _load(self) -> None:
         try:
-            load_into(self.state)
+            self.serving.load()
         except Exception as exc:  # noqa: BLE001 - reported as one line, then the server stops
             from mlxcel.server.openai_common import scrub_paths
 
@@ -166,14 +198,18 @@ class _Server:
             if self.metrics is not None:
                 self.metrics.should_exit = True
             return
-        announce(self.state)
+        # What is loaded now lives as long as the server: out of the cyclic collector's
+        # full passes, which walk every tracked object holding the GIL (tens of ms once MLX
+        # and the processors are imported, on whichever thread allocates: often the loop).
+        gc.freeze()
+        self.serving.announce()
 
     async def serve(self) -> None:
         quiet_accept_errors(asyncio.get_running_loop())
         main = self.main
         tasks = [asyncio.ensure_future(main.serve(sockets=self.sockets[:1]))]
         if self.metrics is not None:
-            tasks.append(asyncio.ensure_future(self.metrics.serve(sockets=self.sockets[1:])))
+            tasks.append(asyncio.ensure_future(self.metrics.serve(sockets=self.sockets[1:2])))
         while not main.started and not tasks[0].done():
             await asyncio.sleep(0.02)
         if main.started:
@@ -195,23 +231,23 @@ class _MainServer(uvicorn.Server):
     it at once.
     """
 
-    state: ServerState | None = None
+    serving: Serving | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        state = self.state
-        if state is not None and is_draining(state):  # a second signal: stop now
+        serving = self.serving
+        if serving is not None and is_draining(serving.state):  # a second signal: stop now
             self.should_exit = self.force_exit = True
             return
-        if self.should_exit or state is None or not _busy(state):
+        if self.should_exit or serving is None or not serving.busy():
             super().handle_exit(sig, frame)
             return
-        set_draining(state)
+        set_draining(serving.state)
         print("mlxcel: draining: finishing in-flight requests", file=sys.stderr, flush=True)
         threading.Thread(target=self._drain, name="mlxcel-drain", daemon=True).start()
 
     def _drain(self) -> None:
         deadline = time.monotonic() + DRAIN_SECONDS
-        while time.monotonic() < deadline and self.state is not None and _busy(self.state):
+        while time.monotonic() < deadline and self.serving is not None and self.serving.busy():
             time.sleep(0.05)
         time.sleep(0.2)  # the last events reach their clients
         self.should_exit = True
@@ -270,13 +306,23 @@ def _bind_all(settings: Settings) -> list[socket.socket]:
     return sockets
 
 
-def run_server(settings: Settings) -> int:
-    """Serve until SIGINT/SIGTERM; the exit status (1: cannot listen, 2: cannot load)."""
+def run_server(settings: Settings, cli_fields: Collection[str] = ()) -> int:
+    """Serve until SIGINT/SIGTERM; the exit status (1: cannot listen, 2: cannot load).
+
+    `cli_fields`: the settings given on the command line (in router mode they win over a
+    model's preset options)."""
     from mlxcel.engine.errors import ModelLoadError
+    from mlxcel.server.router.catalog import router_wanted
 
     check_ssl(settings)
+    router = router_wanted(settings)
     try:
-        check_settings(settings)  # never announce a port that then disappears
+        if router:  # never announce a port that then disappears
+            from mlxcel.server.router.serve import router_serving
+
+            serving = router_serving(settings, cli_fields)
+        else:
+            check_settings(settings)
     except ModelLoadError as exc:
         print(f"mlxcel: error: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -285,12 +331,13 @@ def run_server(settings: Settings) -> int:
     except OSError as exc:
         print(f"mlxcel: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    state = ServerState(settings=settings)
-    server = _Server(state, sockets)
+    if not router:
+        serving = single_model(ServerState(settings=settings))
+    server = _Server(serving, sockets)
     try:
         asyncio.run(server.serve())
     finally:
-        stop_services(state)
+        serving.stop()
     if server.failure is not None:
         print(f"mlxcel: error: {server.failure}", file=sys.stderr, flush=True)
         return 2

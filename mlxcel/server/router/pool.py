@@ -1,0 +1,267 @@
+"""The router's models at run time: which are loaded, loading them on demand, unloading.
+
+Each loaded model is a `Service`: its own `ServerState`, filled by `boot.load_into` exactly
+as a single-model server's, and its own app (`app.create_app`). Loads run one at a time on
+a loader thread, never on the event loop; a request for a model that is loading waits for
+that one load. Before a load, room is made: at `--models-max` the least recently used
+model that is neither pinned nor serving a request is unloaded, and so are idle models
+while the new model's weights would not fit the memory budget (`MLXCEL_REQUEST_MEMORY_BUDGET`,
+else the machine's); when nothing can go, the load is refused (`PoolFull`, `MemoryRefused`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp
+
+from mlxcel.server.router.catalog import ModelEntry
+from mlxcel.server.state import ServerState
+
+
+class ModelStatus(str, enum.Enum):
+    """A model's status as `GET /models` reports it (llama-server's values)."""
+
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    SLEEPING = "sleeping"
+
+
+class PoolFull(Exception):
+    """No model can be unloaded to stay within `--models-max` (all pinned or busy)."""
+
+
+class MemoryRefused(Exception):
+    """The model's weights would not fit the memory budget, even with idle models unloaded."""
+
+    def __init__(self, message: str, needed: int, budget: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.budget = budget
+
+
+class LoadFailed(Exception):
+    """The model could not be loaded (the loader's one-line reason)."""
+
+
+@dataclass
+class Service:
+    """One loaded model: its state (engine, workers) and the app that serves it."""
+
+    state: ServerState
+    app: ASGIApp
+    in_flight: int = 0  # requests being served (a busy model is never evicted)
+
+
+class RoutedModel:
+    """One model of the router and what it is doing now."""
+
+    def __init__(self, entry: ModelEntry) -> None:
+        self.entry = entry
+        self.service: Service | None = None
+        self.loading: Future[Service] | None = None
+        self.last_used = 0.0
+        self.failure: str | None = None  # why the last load failed
+
+    @property
+    def status(self) -> ModelStatus:
+        if self.loading is not None:
+            return ModelStatus.LOADING
+        service = self.service
+        if service is None:
+            return ModelStatus.UNLOADED
+        engine = service.state.engine
+        return (
+            ModelStatus.SLEEPING if engine is not None and engine.sleeping else ModelStatus.LOADED
+        )
+
+
+Loader = Callable[[ServerState], None]
+Stopper = Callable[[ServerState], None]
+
+
+class ModelPool:
+    """The router's models: lookup by name or alias, load, unload, least-recently-used."""
+
+    def __init__(
+        self,
+        entries: list[ModelEntry],
+        *,
+        models_max: int,
+        autoload: bool,
+        make_app: Callable[[ServerState], ASGIApp],
+        load: Loader,
+        stop: Stopper,
+        memory_budget: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        self.models = [RoutedModel(entry) for entry in entries]
+        self.models_max = models_max
+        self.autoload = autoload
+        self._make_app = make_app
+        self._load = load
+        self._stop = stop
+        self._memory_budget = memory_budget
+        self._by_name = {name: m for m in self.models for name in m.entry.names()}
+        self._lock = threading.Lock()  # guards every model's service/loading
+        self._load_lock = threading.Lock()  # one load at a time
+
+    # ------------------------------------------------------------------ lookup
+
+    def find(self, name: str) -> RoutedModel | None:
+        """The model `name` (its name or an alias) names, else None."""
+        return self._by_name.get(name)
+
+    def names(self) -> list[str]:
+        """Every model's name, sorted."""
+        return [m.entry.name for m in self.models]
+
+    def busy(self) -> bool:
+        """Whether any model is serving a request."""
+        return any(m.service is not None and m.service.in_flight for m in self.models)
+
+    # ------------------------------------------------------------------ load
+
+    def start_load(self, model: RoutedModel) -> Future[Service]:
+        """The load of `model`: done when it is loaded, the running one while it loads,
+        else a new one on a loader thread."""
+        with self._lock:
+            if model.service is not None:
+                done: Future[Service] = Future()
+                done.set_result(model.service)
+                return done
+            if model.loading is not None:
+                return model.loading
+            future: Future[Service] = Future()
+            model.loading = future
+            model.failure = None
+            model.last_used = time.monotonic()
+        threading.Thread(
+            target=self._run_load, args=(model, future), name="mlxcel-router-load", daemon=True
+        ).start()
+        return future
+
+    async def ready(self, model: RoutedModel, timeout: float | None) -> Service:
+        """The loaded `model`, loading it first if needed and waiting at most `timeout`
+        seconds (TimeoutError; PoolFull, MemoryRefused or LoadFailed when it cannot load)."""
+        future = self.start_load(model)
+        if future.done():
+            return future.result()
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+
+    def _run_load(self, model: RoutedModel, future: Future[Service]) -> None:
+        try:
+            with self._load_lock:
+                self._make_room(model)
+                service = self._build(model)
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+            with self._lock:
+                model.loading = None
+                model.failure = str(exc)
+            future.set_exception(exc)
+            return
+        with self._lock:
+            model.service = service
+            model.loading = None
+            model.last_used = time.monotonic()
+        future.set_result(service)
+
+    def _build(self, model: RoutedModel) -> Service:
+        state = ServerState(settings=model.entry.settings)
+        try:
+            self._load(state)
+        except Exception as exc:
+            self._stop(state)
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise LoadFailed(f"model {model.entry.name} could not be loaded: {text}") from None
+        return Service(state, self._make_app(state))
+
+    def _make_room(self, model: RoutedModel) -> None:
+        """Unload idle models until `model` fits `--models-max` and the memory budget."""
+        if self.models_max > 0:
+            while len(self._holding(model)) >= self.models_max:
+                if not self._evict_one(model):
+                    raise PoolFull(
+                        f"{self.models_max} models are loaded (--models-max) and none can be "
+                        "unloaded now (pinned or serving requests); try again later"
+                    )
+        budget = self._memory_budget()
+        if budget is None:
+            return
+        needed = model.entry.weight_bytes
+        while needed + sum(m.entry.weight_bytes for m in self._holding(model)) > budget:
+            if not self._evict_one(model):
+                raise MemoryRefused(
+                    f"model {model.entry.name} needs about {needed} bytes for its weights; with "
+                    f"the models loaded it would not fit the memory budget of {budget} bytes",
+                    needed,
+                    budget,
+                )
+
+    def _holding(self, model: RoutedModel) -> list[RoutedModel]:
+        """The other models that are loaded or loading."""
+        return [m for m in self.models if m is not model and (m.service is not None or m.loading)]
+
+    def _evict_one(self, model: RoutedModel) -> bool:
+        """Unload the least recently used idle, unpinned model other than `model`."""
+        with self._lock:
+            idle = [
+                m
+                for m in self.models
+                if m is not model
+                and m.service is not None
+                and not m.service.in_flight
+                and not m.entry.pinned
+            ]
+            if not idle:
+                return False
+            victim = min(idle, key=lambda m: m.last_used)
+            service, victim.service = victim.service, None
+        assert service is not None
+        print(
+            f"mlxcel: router: unloading {victim.entry.name} (least recently used) "
+            f"to load {model.entry.name}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._stop(service.state)
+        return True
+
+    # ------------------------------------------------------------------ unload
+
+    def unload(self, model: RoutedModel) -> bool:
+        """Unload `model` (False when it is not loaded): it stops routing now, and stops once
+        its requests finished or its `stop-timeout` passed."""
+        with self._lock:
+            service, model.service = model.service, None
+        if service is None:
+            return False
+        threading.Thread(
+            target=self._stop_when_idle,
+            args=(service, model.entry.stop_timeout),
+            name="mlxcel-router-unload",
+            daemon=True,
+        ).start()
+        return True
+
+    def _stop_when_idle(self, service: Service, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while service.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop(service.state)
+
+    def stop_all(self) -> None:
+        """Stop every loaded model (the server is stopping)."""
+        with self._lock:
+            services = [m.service for m in self.models if m.service is not None]
+            for m in self.models:
+                m.service = None
+        for service in services:
+            self._stop(service.state)

@@ -1,0 +1,158 @@
+"""The router's own routes: the model list and objects, load and unload, health and props.
+
+`GET /models` (and `/v1/models`) lists every model with its `status` (`unloaded`, `loading`,
+`loaded`, `sleeping`; a failed last load adds `failed`), as llama-server's router does.
+`POST /models/load` loads a model and answers once it is loaded; `POST /models/unload`
+unloads one. `GET /props` without `?model=` describes the router (`role: "router"`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import JSONResponse
+
+from mlxcel import __version__
+from mlxcel.server.errors import RETRY_AFTER_SECONDS, APIError, install_error_handlers
+from mlxcel.server.health import is_draining
+from mlxcel.server.json_body import decode_json_body
+from mlxcel.server.router.catalog import ModelKind
+from mlxcel.server.router.dispatch import ready_service, unknown_model
+from mlxcel.server.router.pool import ModelPool, ModelStatus, RoutedModel
+from mlxcel.server.state import ServerState
+
+router = APIRouter()
+
+_INPUTS = {ModelKind.VISION: ["text", "image"]}
+
+
+def _pool(request: Request) -> ModelPool:
+    pool: ModelPool = request.app.state.router_pool
+    return pool
+
+
+def model_object(model: RoutedModel, created: int) -> dict[str, Any]:
+    """One model of the list: OpenAI's model object plus llama-server's router fields."""
+    entry = model.entry
+    status: dict[str, Any] = {
+        "value": model.status.value,
+        "args": ["mlxcel", "serve", "-m", entry.ref, *entry.args],
+    }
+    if model.failure is not None and model.status is ModelStatus.UNLOADED:
+        status["failed"] = True
+    return {
+        "id": entry.name,
+        "aliases": list(entry.aliases),
+        "tags": entry.settings.tag_names(),
+        "object": "model",
+        "owned_by": "user",
+        "created": created,
+        "status": status,
+        "path": entry.ref,
+        "kind": entry.kind.value,
+        "pinned": entry.pinned,
+        "source": entry.source,
+        "architecture": {
+            "input_modalities": _INPUTS.get(entry.kind, ["text"]),
+            "output_modalities": ["text"] if entry.kind.uses & {"chat"} else [],
+        },
+    }
+
+
+@router.get("/v1/models")
+@router.get("/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """Every model of the router with its status."""
+    created = int(request.app.state.mlxcel.started)
+    return {
+        "object": "list",
+        "data": [model_object(m, created) for m in _pool(request).models],
+    }
+
+
+@router.get("/v1/models/{model_id:path}")
+@router.get("/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
+    """The model `model_id` names (its name or an alias); 404 otherwise."""
+    model = _pool(request).find(model_id)
+    if model is None:
+        raise APIError(
+            404, f"The model '{model_id}' does not exist", code="model_not_found",
+            extra={"param": "model"},
+        )  # fmt: skip
+    return model_object(model, int(request.app.state.mlxcel.started))
+
+
+async def _named(request: Request) -> RoutedModel:
+    payload = decode_json_body(await request.body())
+    name = payload.get("model") if isinstance(payload, dict) else None
+    if not isinstance(name, str) or not name:
+        raise APIError(400, "model name is missing from the request", extra={"param": "model"})
+    model = _pool(request).find(name)
+    if model is None:
+        raise unknown_model(name, _pool(request))
+    return model
+
+
+@router.post("/models/load")
+async def load_model(request: Request) -> dict[str, Any]:
+    """Load a model; answers once it is loaded (400 when it already is)."""
+    model = await _named(request)
+    if model.status in (ModelStatus.LOADED, ModelStatus.SLEEPING):
+        raise APIError(400, f"model '{model.entry.name}' is already loaded")
+    await ready_service(_pool(request), model, request.app.state.load_timeout)
+    return {"success": True}
+
+
+@router.post("/models/unload")
+async def unload_model(request: Request) -> dict[str, Any]:
+    """Unload a model (400 when it is not loaded)."""
+    model = await _named(request)
+    if not _pool(request).unload(model):
+        raise APIError(400, f"model '{model.entry.name}' is not loaded")
+    return {"success": True}
+
+
+@router.get("/health")
+@router.get("/")
+async def health(request: Request) -> JSONResponse:
+    """The router is up (503 while draining); each model's health is `/health?model=`."""
+    state: ServerState = request.app.state.mlxcel
+    if is_draining(state):
+        return JSONResponse(
+            {"status": "draining"}, status_code=503, headers={"Retry-After": RETRY_AFTER_SECONDS}
+        )
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/props")
+async def router_props(request: Request) -> dict[str, Any]:
+    """What the router is (a model's own props: `/props?model=NAME`)."""
+    pool = _pool(request)
+    return {
+        "role": "router",
+        "max_instances": pool.models_max,
+        "models_autoload": pool.autoload,
+        "model_alias": "mlxcel",
+        "model_path": "none",
+        "default_generation_settings": {"params": {}, "n_ctx": 0},
+        "build_info": f"mlxcel-{__version__}",
+    }
+
+
+def control_app(state: ServerState, pool: ModelPool, load_timeout: float | None) -> FastAPI:
+    """The FastAPI app of the router's own routes."""
+    app = FastAPI(title="mlxcel-router", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.mlxcel = state
+    app.state.router_pool = pool
+    app.state.load_timeout = load_timeout
+    install_error_handlers(app)
+    app.include_router(router, prefix=_prefix(state))
+    return app
+
+
+def _prefix(state: ServerState) -> str:
+    from mlxcel.server.app import normalize_prefix
+
+    return normalize_prefix(state.settings.api_prefix)

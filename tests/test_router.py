@@ -1,0 +1,391 @@
+"""Router mode end to end: `mlxcel serve --models-dir DIR` with three tiny models.
+
+The directory holds an MLX chat model (`chat-a`), a GGUF chat model (`chat-b.gguf`) and a
+BERT embedding model (`embed`); every server here is a real `mlxcel serve` subprocess.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_harness import ServeProcess
+
+CHAT = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """chat-a (MLX llama directory), chat-b.gguf (Q8_0 llama) and embed (BERT directory)."""
+    from fixtures.tiny_encoders import build_tiny_bert
+    from fixtures.tiny_models import build_tiny_model, write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("router-models")
+    build_tiny_model(root / "chat-a", "llama")
+    source = build_tiny_model(tmp_path_factory.mktemp("router-src") / "b", "llama", seed=1)
+    write_tiny_gguf(source, root / "chat-b.gguf", "Q8_0")
+    build_tiny_bert(root / "embed")
+    (root / "notes.txt").write_text("not a model")
+    return root
+
+
+def serve(models_dir: Path, *extra: str, env: dict[str, str] | None = None) -> ServeProcess:
+    args = ["--models-dir", str(models_dir), "-c", "512", "-np", "2", "--metrics", *extra]
+    return ServeProcess(args, env=env).start()
+
+
+@pytest.fixture(scope="module")
+def router(models_dir: Path) -> Iterator[ServeProcess]:
+    server = serve(models_dir)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def statuses(client: httpx.Client) -> dict[str, str]:
+    body = client.get("/models").json()
+    return {m["id"]: m["status"]["value"] for m in body["data"]}
+
+
+def chat(client: httpx.Client, model: str, **extra: Any) -> httpx.Response:
+    body = {"model": model, "messages": CHAT, "max_tokens": 4, "temperature": 0, **extra}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def wait_status(client: httpx.Client, model: str, wanted: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while statuses(client)[model] != wanted:
+        assert time.monotonic() < deadline, f"{model} never became {wanted}: {statuses(client)}"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------ listing
+
+
+def test_every_model_of_the_directory_is_listed(router: ServeProcess) -> None:
+    with router.client() as client:
+        for path in ("/models", "/v1/models"):
+            body = client.get(path).json()
+            assert body["object"] == "list"
+            ids = [m["id"] for m in body["data"]]
+            assert ids == ["chat-a", "chat-b", "embed"]  # named as llama-server names them
+            kinds = {m["id"]: m["kind"] for m in body["data"]}
+            assert kinds == {"chat-a": "text", "chat-b": "text", "embed": "embedding"}
+        one = client.get("/v1/models/chat-b").json()
+        assert one["id"] == "chat-b" and one["path"].endswith("chat-b.gguf")
+        assert client.get("/v1/models/nope").status_code == 404
+
+
+def test_router_props_and_health(router: ServeProcess) -> None:
+    with router.client() as client:
+        props = client.get("/props").json()
+        assert props["role"] == "router" and props["max_instances"] == 4
+        assert props["models_autoload"] is True
+        assert client.get("/health").json() == {"status": "ok"}
+
+
+# ------------------------------------------------------------------------ routing
+
+
+def test_a_request_loads_its_model_on_demand(router: ServeProcess) -> None:
+    with router.client() as client:
+        first = chat(client, "chat-a")
+        assert first.status_code == 200, first.text
+        assert first.json()["model"] == "chat-a"
+        assert statuses(client)["chat-a"] == "loaded"
+        # GET routes name their model in ?model=
+        props = client.get("/props", params={"model": "chat-a"}).json()
+        assert props["model_alias"] == "chat-a"
+        slots = client.get("/slots", params={"model": "chat-a"}).json()
+        assert len(slots) == 2
+        metrics = client.get("/metrics", params={"model": "chat-a"})
+        assert metrics.status_code == 200 and "llamacpp:prompt_tokens_total" in metrics.text
+        stream = client.post(
+            "/v1/completions",
+            json={"model": "chat-a", "prompt": "Hi", "max_tokens": 3, "stream": True},
+        )
+        assert stream.status_code == 200 and "data: [DONE]" in stream.text
+
+
+def test_unknown_and_missing_model_are_refused_naming_the_models(router: ServeProcess) -> None:
+    with router.client() as client:
+        response = chat(client, "no-such-model")
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["code"] == "model_not_found" and error["type"] == "invalid_request_error"
+        for name in ("chat-a", "chat-b", "embed"):
+            assert name in error["message"]
+        missing = client.post("/v1/chat/completions", json={"messages": CHAT})
+        assert missing.status_code == 400 and "model" in missing.json()["error"]["message"]
+        assert client.get("/slots").status_code == 400  # a GET needs ?model= too
+        bad = client.post(
+            "/v1/chat/completions",
+            content=b"{not json",
+            headers={"content-type": "application/json"},
+        )
+        assert bad.status_code == 400 and "error" in bad.json()
+
+
+def test_a_request_the_model_cannot_serve_is_a_400(router: ServeProcess) -> None:
+    with router.client() as client:
+        refused = chat(client, "embed")
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "model_not_supported"
+        assert "chat-a" in refused.json()["error"]["message"]  # who can
+        assert statuses(client)["embed"] == "unloaded"  # refused before loading
+        wrong = client.post("/v1/embeddings", json={"model": "chat-b", "input": "hello"})
+        assert wrong.status_code == 400
+        ok = client.post("/v1/embeddings", json={"model": "embed", "input": ["hello", "world"]})
+        assert ok.status_code == 200, ok.text
+        assert len(ok.json()["data"]) == 2 and ok.json()["model"] == "embed"
+        ranked = client.post(
+            "/v1/rerank", json={"model": "embed", "query": "hello", "documents": ["a", "hello"]}
+        )
+        assert ranked.status_code == 200, ranked.text
+
+
+def test_explicit_load_and_unload(router: ServeProcess) -> None:
+    with router.client() as client:
+        if statuses(client)["chat-b"] != "unloaded":
+            client.post("/models/unload", json={"model": "chat-b"})
+            wait_status(client, "chat-b", "unloaded")
+        loaded = client.post("/models/load", json={"model": "chat-b"})
+        assert loaded.status_code == 200 and loaded.json() == {"success": True}
+        assert statuses(client)["chat-b"] == "loaded"
+        again = client.post("/models/load", json={"model": "chat-b"})
+        assert again.status_code == 400
+        assert chat(client, "chat-b").status_code == 200
+        unloaded = client.post("/models/unload", json={"model": "chat-b"})
+        assert unloaded.status_code == 200 and unloaded.json() == {"success": True}
+        assert statuses(client)["chat-b"] == "unloaded"
+        assert client.post("/models/unload", json={"model": "chat-b"}).status_code == 400
+        unknown = client.post("/models/load", json={"model": "zzz"})
+        assert unknown.status_code == 400 and "chat-a" in unknown.json()["error"]["message"]
+        # ?autoload=false refuses instead of loading
+        response = client.post(
+            "/v1/chat/completions?autoload=false",
+            json={"model": "chat-b", "messages": CHAT, "max_tokens": 2},
+        )
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "model_not_loaded"
+        assert statuses(client)["chat-b"] == "unloaded"
+
+
+def test_the_openai_sdk_switches_models(router: ServeProcess) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+    ids = {m.id for m in client.models.list()}
+    assert ids == {"chat-a", "chat-b", "embed"}
+    for model in ("chat-a", "chat-b", "chat-a"):
+        answer = client.chat.completions.create(
+            model=model,
+            messages=CHAT,
+            max_tokens=3,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        assert answer.model == model and answer.choices[0].message.content is not None
+    vectors = client.embeddings.create(model="embed", input="hello")
+    assert vectors.model == "embed" and len(vectors.data[0].embedding) > 0
+    streamed = client.chat.completions.create(
+        model="chat-b",
+        messages=CHAT,
+        max_tokens=3,
+        stream=True,  # type: ignore[arg-type]
+    )
+    assert {chunk.model for chunk in streamed} == {"chat-b"}
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=CHAT)  # type: ignore[arg-type]
+    assert "chat-a" in str(caught.value)
+
+
+def test_requests_flow_to_two_models_while_a_third_loads(
+    models_dir: Path, smollm2_gguf: Path, tmp_path: Path
+) -> None:
+    """SmolLM2 (135M, converted from GGUF on its first load) takes seconds to load: the
+    loaded models answer meanwhile, and a request for SmolLM2 waits for its load."""
+    root = tmp_path / "models"
+    root.mkdir()
+    for item in models_dir.iterdir():
+        (root / item.name).symlink_to(item)
+    (root / "smollm2.gguf").symlink_to(smollm2_gguf)
+    server = serve(root, env={"MLXCEL_MODEL_STORE": str(tmp_path / "store")})
+    try:
+        with server.client(timeout=300) as client:
+            assert chat(client, "chat-a").status_code == 200
+            embed = {"model": "embed", "input": "hi"}
+            assert client.post("/v1/embeddings", json=embed).status_code == 200
+            waiting: list[httpx.Response] = []
+
+            def wait_for_smollm2() -> None:
+                with server.client(timeout=300) as own:
+                    waiting.append(chat(own, "smollm2"))
+
+            waiter = threading.Thread(target=wait_for_smollm2, daemon=True)
+            waiter.start()
+            wait_status(client, "smollm2", "loading")
+            served_during_load = 0
+            while statuses(client)["smollm2"] == "loading":
+                assert chat(client, "chat-a").status_code == 200
+                assert client.post("/v1/embeddings", json=embed).status_code == 200
+                served_during_load += 1
+            waiter.join(300)
+            assert served_during_load >= 2, served_during_load
+            assert waiting and waiting[0].status_code == 200, waiting
+            assert waiting[0].json()["model"] == "smollm2"
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------ limits
+
+
+def test_models_max_1_unloads_the_least_recently_used(models_dir: Path) -> None:
+    server = serve(models_dir, "--models-max", "1")
+    try:
+        with server.client() as client:
+            assert chat(client, "chat-a").status_code == 200
+            assert statuses(client) == {
+                "chat-a": "loaded",
+                "chat-b": "unloaded",
+                "embed": "unloaded",
+            }
+            assert chat(client, "chat-b").status_code == 200
+            assert statuses(client) == {
+                "chat-a": "unloaded",
+                "chat-b": "loaded",
+                "embed": "unloaded",
+            }
+            emb = client.post("/v1/embeddings", json={"model": "embed", "input": "x"})
+            assert emb.status_code == 200
+            assert statuses(client) == {
+                "chat-a": "unloaded",
+                "chat-b": "unloaded",
+                "embed": "loaded",
+            }
+            assert "unloading chat-a (least recently used)" in server.stderr
+    finally:
+        server.stop()
+
+
+def test_no_models_autoload(models_dir: Path) -> None:
+    server = serve(models_dir, "--no-models-autoload")
+    try:
+        with server.client() as client:
+            refused = chat(client, "chat-a")
+            assert refused.status_code == 400 and "not loaded" in refused.json()["error"]["message"]
+            assert statuses(client)["chat-a"] == "unloaded"
+            assert client.post("/models/load", json={"model": "chat-a"}).status_code == 200
+            assert chat(client, "chat-a").status_code == 200
+            # ?autoload=true loads anyway
+            forced = client.post(
+                "/v1/chat/completions?autoload=true",
+                json={"model": "chat-b", "messages": CHAT, "max_tokens": 2},
+            )
+            assert forced.status_code == 200
+    finally:
+        server.stop()
+
+
+def test_a_load_that_does_not_fit_the_memory_budget_is_a_503(models_dir: Path) -> None:
+    server = serve(models_dir, env={"MLXCEL_REQUEST_MEMORY_BUDGET": "64K"})
+    try:
+        with server.client() as client:
+            response = chat(client, "chat-b")
+            assert response.status_code == 503
+            error = response.json()["error"]
+            assert error["type"] == "request_memory_budget_exceeded"
+            assert error["budget_bytes"] == 64 * 1024
+            assert error["estimated_bytes"] == (models_dir / "chat-b.gguf").stat().st_size
+            assert statuses(client)["chat-b"] == "unloaded"
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------ presets
+
+
+def test_preset_defaults_sections_aliases_pin_and_load_on_startup(
+    models_dir: Path, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    preset = tmp_path / "models.ini"
+    preset.write_text(
+        "version = 1\n"
+        "[*]\n"
+        "c = 256\n"
+        "np = 3\n"
+        "[chat-a]\n"
+        "pin = true\n"
+        "load-on-startup = true\n"
+        "alias = assistant\n"
+        "[extra]\n"
+        f"model = {tiny_gguf}\n"
+        "LLAMA_ARG_CTX_SIZE = 128\n"
+    )
+    args = ["--models-dir", str(models_dir), "--models-preset", str(preset), "--models-max", "2"]
+    server = ServeProcess([*args, "-np", "2"]).start()
+    try:
+        with server.client() as client:
+            wait_status(client, "chat-a", "loaded")  # load-on-startup
+            listed = {m["id"]: m for m in client.get("/models").json()["data"]}
+            assert set(listed) == {"chat-a", "chat-b", "embed", "extra"}
+            assert listed["chat-a"]["aliases"] == ["assistant"] and listed["chat-a"]["pinned"]
+            assert listed["extra"]["source"] == "preset"
+            assert chat(client, "assistant").status_code == 200  # chat-a by its alias
+            # [*] c = 256 split over the command line's -np 2 (which wins over np = 3)
+            props = client.get("/props", params={"model": "chat-a"}).json()
+            assert props["default_generation_settings"]["n_ctx"] == 128
+            assert len(client.get("/slots", params={"model": "chat-a"}).json()) == 2
+            assert chat(client, "extra").status_code == 200  # its own section: -c 128
+            extra = client.get("/props", params={"model": "extra"}).json()
+            assert extra["default_generation_settings"]["n_ctx"] == 64
+            # --models-max 2: chat-a is pinned, so the least recently used other model goes
+            assert chat(client, "chat-b").status_code == 200
+            assert statuses(client) == {
+                "chat-a": "loaded", "chat-b": "loaded", "embed": "unloaded", "extra": "unloaded"
+            }  # fmt: skip
+            emb = client.post("/v1/embeddings", json={"model": "embed", "input": "x"})
+            assert emb.status_code == 200
+            assert statuses(client) == {
+                "chat-a": "loaded", "chat-b": "unloaded", "embed": "loaded", "extra": "unloaded"
+            }  # fmt: skip
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["bad-option", "missing-dir", "with-m", "no-model-in-section"],
+)
+def test_bad_presets_and_flags_refuse_to_start(case: str, models_dir: Path, tmp_path: Path) -> None:
+    preset = tmp_path / "bad.ini"
+    preset.write_text(
+        "[chat-a]\nno-such-option = 3\n" if case == "bad-option" else "[ghost]\nc = 64\n"
+    )
+    args = {
+        "bad-option": ["--models-dir", str(models_dir), "--models-preset", str(preset)],
+        "missing-dir": ["--models-dir", str(tmp_path / "missing")],
+        "with-m": ["--models-dir", str(models_dir), "-m", str(models_dir / "chat-a")],
+        "no-model-in-section": ["--models-dir", str(models_dir), "--models-preset", str(preset)],
+    }[case]
+    server = ServeProcess(args)
+    with pytest.raises(RuntimeError, match="exited early"):
+        server.start(timeout=60)
+    assert server.proc is not None and server.proc.returncode == 2
+    lines = server.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mlxcel: error: "), server.stderr
+    expected = {
+        "bad-option": "no-such-option",
+        "missing-dir": "no such directory",
+        "with-m": "drop -m",
+        "no-model-in-section": "[ghost]",
+    }[case]
+    assert expected in lines[0]
