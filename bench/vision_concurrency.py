@@ -16,7 +16,7 @@ the bench directory), through `VisionEngine` in this process:
 
 Every ratio comes from timings of one run.
 
-    .venv/bin/python bench/vision_concurrency.py [--tokens 128] [--reps 3]
+    .venv/bin/python bench/vision_concurrency.py [--tokens 128] [--reps 3] [--health-only]
 """
 
 from __future__ import annotations
@@ -203,12 +203,14 @@ def event_loop_stall(loaded: Any, kind: str, n: int, tokens: int, reps: int) -> 
     return statistics.median(before), statistics.median(after)
 
 
-def health_during_pictures(clients: int, reps: int) -> tuple[float, float]:
+def health_during_pictures(clients: int, reps: int) -> tuple[float, float, float, float]:
     """(worst, median) `/health` latency in ms, medians over `reps` loads of `clients` chat
-    requests with a 1280x720 noise picture, on `mlxcel serve` over the tiny Qwen2-VL."""
+    requests with a 1280x720 noise picture, on `mlxcel serve` over the tiny Qwen2-VL; then
+    the same of as many probes of the idle server (this machine's floor, in the same run)."""
     import base64
     import io
 
+    import httpx
     from _common import mlxcel_server
     from media_event_loop import _health_during
 
@@ -216,14 +218,24 @@ def health_during_pictures(clients: int, reps: int) -> tuple[float, float]:
     _picture(5, (1280, 720)).save(out, format="PNG")
     uri = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
     _model("qwen2_vl")  # built once
-    worst, medians = [], []
+    worst, medians, idle_worst, idle_medians = [], [], [], []
     with mlxcel_server(BENCH_DIR / "tiny-qwen2_vl", "-c", "4096", "-np", str(clients)) as server:
         _health_during(server.url, uri, clients)  # warm
         for _ in range(reps):
             latencies = _health_during(server.url, uri, clients)
             worst.append(max(latencies))
             medians.append(statistics.median(latencies))
-    return statistics.median(worst), statistics.median(medians)
+            idle = []
+            with httpx.Client(base_url=server.url, timeout=60) as probe:
+                for _ in latencies:
+                    sent = time.perf_counter()
+                    probe.get("/health")
+                    idle.append((time.perf_counter() - sent) * 1000)
+                    time.sleep(0.01)
+            idle_worst.append(max(idle))
+            idle_medians.append(statistics.median(idle))
+    m = statistics.median
+    return m(worst), m(medians), m(idle_worst), m(idle_medians)
 
 
 def follow_up_ttft(loaded: Any, kind: str, reps: int) -> tuple[float, float, int]:
@@ -270,8 +282,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=128, help="tokens each request generates")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--health-only", action="store_true", help="only the /health part")
     args = parser.parse_args()
     print(load_note())
+    if args.health_only:
+        print_health(args.reps)
+        return
     for kind in ("qwen2_vl", "gemma3"):
         loaded = _model(kind)
         print(f"\n== tiny {kind} ({args.tokens} tokens a request, medians of {args.reps})")
@@ -292,10 +308,15 @@ def main() -> None:
             f"{cold * 1000:.1f} ms, cached {cached * 1000:.1f} ms ({served} tokens from the "
             f"cache): {cold / cached:.2f}x"
         )
-    worst, median = health_during_pictures(4, args.reps)
+    print_health(args.reps)
+
+
+def print_health(reps: int) -> None:
+    worst, median, idle_worst, idle_median = health_during_pictures(4, reps)
     print(
         f"\nmlxcel serve, tiny qwen2_vl, 4 chat requests with a 1280x720 picture: /health "
-        f"worst {worst:.1f} ms, median {median:.1f} ms"
+        f"worst {worst:.1f} ms, median {median:.1f} ms; the idle server, as many probes: "
+        f"worst {idle_worst:.1f} ms, median {idle_median:.1f} ms"
     )
 
 

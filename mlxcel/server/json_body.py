@@ -20,10 +20,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxcel.server.errors import APIError, bad_request
+from mlxcel.server.json_blobs import lift_blobs, restore_blobs
+from mlxcel.server.media.offload import off_loop
 
 MAX_JSON_DEPTH = 128
 """Deepest nesting of arrays and objects a request body may have (a JSON schema in a
 request needs a few dozen levels at most); deeper is a 400 before the route sees it."""
+
+OFF_LOOP_BYTES = 1 << 16
+"""Bodies this large are decoded off the event loop (a chat message with a picture)."""
 
 # Only a `\u` escape of a UTF-16 surrogate (D800-DFFF) in the raw body can give a decoded
 # string a lone surrogate, so only then are the strings checked.
@@ -35,6 +40,7 @@ _CONTAINERS = frozenset({dict, list})
 def decode_json_body(raw: bytes, what: str = "request body") -> Any:
     """The JSON value of `raw`; APIError 400 naming the problem when it is not acceptable
     (`what` names the JSON in the message: JSON a client sent inside a field, too)."""
+    raw, blobs = lift_blobs(raw)  # megabytes of base64 are not scanned by the parser
     try:
         payload = json.loads(raw)
     except RecursionError:
@@ -43,14 +49,18 @@ def decode_json_body(raw: bytes, what: str = "request body") -> Any:
         raise bad_request(f"{what} is not valid JSON") from None
     if _nested_too_deeply(payload):
         raise _too_deep(what)
-    if _SURROGATE_ESCAPE.search(raw):
+    if _SURROGATE_ESCAPE.search(raw):  # a lifted string holds no escape
         _check_strings(payload, what)
-    return payload
+    return restore_blobs(payload, blobs)
 
 
 async def read_json_body(request: Request) -> Any:
-    """The request's body decoded by `decode_json_body` (the body is read once)."""
-    return decode_json_body(await request.body())
+    """The request's body decoded by `decode_json_body` (the body is read once); a large
+    body is decoded on the media pool, not on the event loop."""
+    raw = await request.body()
+    if len(raw) >= OFF_LOOP_BYTES:
+        return await off_loop(decode_json_body, raw)
+    return decode_json_body(raw)
 
 
 def _too_deep(what: str) -> APIError:

@@ -28,11 +28,11 @@ class MediaBlob:
     source: Literal["data", "url", "file"]
 
 
-_B64_CHUNK = 1 << 20  # characters, a multiple of 4
+_B64_CHUNK = 1 << 18  # characters, a multiple of 4
 
 
 def _b64decode(payload: str, what: str) -> bytes:
-    """Strict base64 decoding in 1 MiB pieces: the decoder holds the GIL for its whole
+    """Strict base64 decoding in 256 KiB pieces: the decoder holds the GIL for its whole
     input, so a 20 MB payload in one call would stall the event loop for ~0.15 s even from a
     worker thread; between pieces the loop gets its turn."""
     pieces: list[bytes] = []
