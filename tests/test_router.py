@@ -389,3 +389,24 @@ def test_bad_presets_and_flags_refuse_to_start(case: str, models_dir: Path, tmp_
         "no-model-in-section": "[ghost]",
     }[case]
     assert expected in lines[0]
+
+
+def test_a_model_sleeps_when_idle_and_wakes_on_its_next_request(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    preset = tmp_path / "sleepy.ini"
+    preset.write_text("[chat-a]\nsleep-idle-seconds = 1\n")
+    server = serve(models_dir, "--models-preset", str(preset))
+    try:
+        with server.client() as client:
+            assert chat(client, "chat-a").status_code == 200
+            assert chat(client, "chat-b").status_code == 200
+            wait_status(client, "chat-a", "sleeping", timeout=30)
+            assert statuses(client)["chat-b"] == "loaded"  # only chat-a's preset sleeps
+            props = client.get("/props", params={"model": "chat-a"}).json()
+            assert props["is_sleeping"] is True  # /props leaves it asleep
+            assert chat(client, "chat-a").status_code == 200  # wakes it
+            assert statuses(client)["chat-a"] in ("loaded", "sleeping")
+            assert "chat-a" in server.stderr
+    finally:
+        server.stop()

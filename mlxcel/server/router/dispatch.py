@@ -12,7 +12,6 @@ and the request goes to the model's own app with its body unchanged.
 
 from __future__ import annotations
 
-import time
 from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -87,10 +86,10 @@ def load_error(exc: BaseException, model: RoutedModel) -> APIError:
     raise exc
 
 
-async def ready_service(pool: ModelPool, model: RoutedModel, timeout: float | None) -> Service:
-    """`pool.ready(model)` with each way a load can fail as its APIError."""
+async def checkout(pool: ModelPool, model: RoutedModel, timeout: float | None) -> Service:
+    """`pool.checkout(model)` with each way a load can fail as its APIError."""
     try:
-        return await pool.ready(model, timeout)
+        return await pool.checkout(model, timeout)
     except (MemoryRefused, PoolFull, TimeoutError, LoadFailed) as exc:
         raise load_error(exc, model) from None
 
@@ -129,17 +128,14 @@ class RouterDispatch:
         try:
             name = await self._model_name(scope, receive, query, body)
             model = self._route(name, path, query)
-            service = await ready_service(self.pool, model, self.load_timeout)
+            service = await checkout(self.pool, model, self.load_timeout)
         except APIError as error:
             await error_response(error, anthropic=anthropic_scope(scope))(scope, receive, send)
             return
-        service.in_flight += 1
-        model.last_used = time.monotonic()
         try:
             await service.app(scope, _replay(body, receive), send)
         finally:
-            service.in_flight -= 1
-            model.last_used = time.monotonic()
+            self.pool.release(model, service)
 
     async def _model_name(
         self, scope: Scope, receive: Receive, query: dict[str, list[str]], body: list[Message]

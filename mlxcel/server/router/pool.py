@@ -156,6 +156,25 @@ class ModelPool:
             return future.result()
         return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
 
+    async def checkout(self, model: RoutedModel, timeout: float | None) -> Service:
+        """`ready(model)`, counted as serving one more request until `release`: from then on
+        it is not evicted (a model unloaded between its load and this count loads again)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            service = await self.ready(model, left)
+            with self._lock:
+                if model.service is service:
+                    service.in_flight += 1
+                    model.last_used = time.monotonic()
+                    return service
+
+    def release(self, model: RoutedModel, service: Service) -> None:
+        """One request `checkout` counted is over."""
+        with self._lock:
+            service.in_flight -= 1
+            model.last_used = time.monotonic()
+
     def _run_load(self, model: RoutedModel, future: Future[Service]) -> None:
         try:
             with self._load_lock:

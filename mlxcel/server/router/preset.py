@@ -72,7 +72,11 @@ def read_preset(path: str | Path) -> Preset:
     except OSError as exc:
         raise SettingsError(f"--models-preset: cannot read {path}: {exc.strerror or exc}") from None
     parser = configparser.ConfigParser(
-        interpolation=None, strict=False, default_section="__none__", delimiters=("=",)
+        interpolation=None,
+        strict=False,
+        default_section="__none__",
+        delimiters=("=",),
+        inline_comment_prefixes=(";", "#"),
     )
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep LLAMA_ARG_* case
     try:

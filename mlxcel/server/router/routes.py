@@ -18,7 +18,7 @@ from mlxcel.server.errors import RETRY_AFTER_SECONDS, APIError, install_error_ha
 from mlxcel.server.health import is_draining
 from mlxcel.server.json_body import decode_json_body
 from mlxcel.server.router.catalog import ModelKind
-from mlxcel.server.router.dispatch import ready_service, unknown_model
+from mlxcel.server.router.dispatch import checkout, unknown_model
 from mlxcel.server.router.pool import ModelPool, ModelStatus, RoutedModel
 from mlxcel.server.state import ServerState
 
@@ -101,7 +101,8 @@ async def load_model(request: Request) -> dict[str, Any]:
     model = await _named(request)
     if model.status in (ModelStatus.LOADED, ModelStatus.SLEEPING):
         raise APIError(400, f"model '{model.entry.name}' is already loaded")
-    await ready_service(_pool(request), model, request.app.state.load_timeout)
+    pool = _pool(request)
+    pool.release(model, await checkout(pool, model, request.app.state.load_timeout))
     return {"success": True}
 
 

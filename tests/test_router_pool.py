@@ -1,0 +1,295 @@
+"""Router mode's parts without a server: the pool's eviction rules, the directory scan and
+the preset file (the end-to-end tests are tests/test_router.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mlxcel.config import Settings, SettingsError
+from mlxcel.server.router.catalog import ModelEntry, ModelKind, build_catalog, scan_models_dir
+from mlxcel.server.router.pool import (
+    LoadFailed,
+    MemoryRefused,
+    ModelPool,
+    ModelStatus,
+    PoolFull,
+)
+from mlxcel.server.router.preset import read_preset
+from mlxcel.server.state import ServerState
+
+
+class Loads:
+    """Fake load and stop: which models loaded and stopped, a load that can be held."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+        self.stopped: list[str] = []
+        self.fail: set[str] = set()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def load(self, state: ServerState) -> None:
+        self.gate.wait(10)
+        name = str(state.settings.alias)
+        if name in self.fail:
+            raise RuntimeError(f"{name}: broken weights")
+        self.loaded.append(name)
+
+    def stop(self, state: ServerState) -> None:
+        self.stopped.append(str(state.settings.alias))
+
+
+def entry(name: str, *, weight: int = 100, pinned: bool = False, stop: float = 10) -> ModelEntry:
+    return ModelEntry(
+        name=name,
+        ref=f"/models/{name}",
+        kind=ModelKind.TEXT,
+        settings=Settings(alias=name),
+        source="models_dir",
+        pinned=pinned,
+        weight_bytes=weight,
+        stop_timeout=stop,
+    )
+
+
+def pool(
+    *entries: ModelEntry, models_max: int = 4, budget: int | None = None
+) -> tuple[ModelPool, Loads]:
+    loads = Loads()
+    made = ModelPool(
+        list(entries),
+        models_max=models_max,
+        autoload=True,
+        make_app=lambda state: object(),  # type: ignore[arg-type,return-value]
+        load=loads.load,
+        stop=loads.stop,
+        memory_budget=lambda: budget,
+    )
+    return made, loads
+
+
+def use(p: ModelPool, name: str) -> None:
+    """One request to `name`, start to end."""
+    model = p.find(name)
+    assert model is not None
+
+    async def once() -> None:
+        p.release(model, await p.checkout(model, 10))
+
+    asyncio.run(once())
+
+
+def status(p: ModelPool) -> dict[str, str]:
+    return {m.entry.name: m.status.value for m in p.models}
+
+
+def test_the_least_recently_used_model_makes_room() -> None:
+    p, loads = pool(entry("a"), entry("b"), entry("c"), models_max=2)
+    use(p, "a")
+    use(p, "b")
+    use(p, "a")  # b is now the least recently used
+    use(p, "c")
+    assert status(p) == {"a": "loaded", "b": "unloaded", "c": "loaded"}
+    assert loads.stopped == ["b"] and loads.loaded == ["a", "b", "c"]
+
+
+def test_pinned_and_busy_models_are_never_evicted() -> None:
+    p, _ = pool(entry("a", pinned=True), entry("b"), entry("c"), models_max=1)
+    use(p, "a")
+    with pytest.raises(PoolFull):
+        use(p, "b")
+    assert status(p)["a"] == "loaded"
+
+    q, loads = pool(entry("a"), entry("b"), models_max=1)
+    a = q.find("a")
+    assert a is not None
+
+    async def scenario() -> None:
+        service = await q.checkout(a, 10)  # a request in flight on a
+        with pytest.raises(PoolFull):
+            await q.checkout(q.models[1], 10)
+        q.release(a, service)
+        q.release(q.models[1], await q.checkout(q.models[1], 10))
+
+    asyncio.run(scenario())
+    assert status(q) == {"a": "unloaded", "b": "loaded"} and loads.stopped == ["a"]
+
+
+def test_memory_budget_evicts_idle_models_then_refuses() -> None:
+    p, loads = pool(entry("a"), entry("b"), entry("c"), entry("big", weight=400), budget=250)
+    use(p, "a")
+    use(p, "b")
+    use(p, "c")  # 300 > 250: a, the least recently used, goes
+    assert status(p) == {"a": "unloaded", "b": "loaded", "c": "loaded", "big": "unloaded"}
+    with pytest.raises(MemoryRefused) as caught:
+        use(p, "big")
+    assert (caught.value.needed, caught.value.budget) == (400, 250)
+    assert status(p)["big"] == "unloaded" and loads.stopped == ["a", "b", "c"]
+
+
+def test_a_failed_load_is_reported_and_retried() -> None:
+    p, loads = pool(entry("a"))
+    loads.fail.add("a")
+    with pytest.raises(LoadFailed, match="broken weights"):
+        use(p, "a")
+    model = p.models[0]
+    assert model.status is ModelStatus.UNLOADED and model.failure
+    assert loads.stopped == ["a"]  # what the failed load started is stopped
+    loads.fail.clear()
+    use(p, "a")
+    assert model.status is ModelStatus.LOADED and model.failure is None
+
+
+def test_requests_for_a_loading_model_share_its_one_load() -> None:
+    p, loads = pool(entry("a"))
+    loads.gate.clear()
+    model = p.models[0]
+
+    async def scenario() -> None:
+        waiters = [asyncio.ensure_future(p.checkout(model, 10)) for _ in range(5)]
+        await asyncio.sleep(0.1)
+        assert model.status is ModelStatus.LOADING
+        assert not any(w.done() for w in waiters)
+        loads.gate.set()
+        services = await asyncio.gather(*waiters)
+        assert len({id(s) for s in services}) == 1 and services[0].in_flight == 5
+        for service in services:
+            p.release(model, service)
+
+    asyncio.run(scenario())
+    assert loads.loaded == ["a"]
+
+
+def test_a_load_wait_is_bounded() -> None:
+    p, loads = pool(entry("a"))
+    loads.gate.clear()
+    with pytest.raises(TimeoutError):
+        asyncio.run(p.checkout(p.models[0], 0.2))
+    loads.gate.set()
+
+
+def test_unload_waits_for_requests_in_flight_up_to_the_stop_timeout() -> None:
+    p, loads = pool(entry("a", stop=5), entry("b", stop=0.2))
+    a, b = p.models
+
+    async def scenario() -> None:
+        service = await p.checkout(a, 10)
+        assert p.unload(a) and a.status is ModelStatus.UNLOADED
+        await asyncio.sleep(0.2)
+        assert loads.stopped == []  # still serving its request
+        p.release(a, service)
+        held = await p.checkout(b, 10)
+        assert p.unload(b)
+        await asyncio.sleep(0.6)  # b's stop-timeout passed: stopped with a request in flight
+        p.release(b, held)
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 5
+    while sorted(loads.stopped) != ["a", "b"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sorted(loads.stopped) == ["a", "b"]
+    assert not p.unload(a)
+
+
+# ----------------------------------------------------------------------- the directory
+
+
+def test_models_dir_names_as_llama_server(tmp_path: Path) -> None:
+    (tmp_path / "Qwen3-8B-Q4_K_M.gguf").write_bytes(b"GGUF")
+    mlx = tmp_path / "my-mlx-model"
+    mlx.mkdir()
+    (mlx / "config.json").write_text("{}")
+    multi = tmp_path / "gemma-3-4b-it-Q8_0"
+    multi.mkdir()
+    (multi / "gemma-3-4b-it-Q8_0.gguf").write_bytes(b"GGUF")
+    (multi / "mmproj-F16.gguf").write_bytes(b"GGUF")
+    shards = tmp_path / "Kimi"
+    shards.mkdir()
+    for i in (2, 1):
+        (shards / f"Kimi-0000{i}-of-00002.gguf").write_bytes(b"GGUF")
+    snapshot = tmp_path / "models--org--name" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--name" / "refs").mkdir()
+    (tmp_path / "models--org--name" / "refs" / "main").write_text("abc")
+    (tmp_path / "readme.txt").write_text("x")
+    (tmp_path / ".hidden.gguf").write_bytes(b"GGUF")
+    (tmp_path / "empty").mkdir()
+    found = scan_models_dir(tmp_path)
+    assert found == {
+        "Qwen3-8B-Q4_K_M": str(tmp_path / "Qwen3-8B-Q4_K_M.gguf"),
+        "my-mlx-model": str(mlx),
+        "gemma-3-4b-it-Q8_0": str(multi / "gemma-3-4b-it-Q8_0.gguf"),
+        "Kimi": str(shards / "Kimi-00001-of-00002.gguf"),
+        "org/name": str(snapshot),
+    }
+
+
+# ----------------------------------------------------------------------- the preset
+
+
+def test_preset_keys_as_llama_server_reads_them(tmp_path: Path) -> None:
+    path = tmp_path / "p.ini"
+    path.write_text(
+        "version = 1\n"
+        "[*]\n"
+        "c = 4096\n"
+        "port = 9999\n"
+        "[one]\n"
+        "model = /m/one.gguf\n"
+        "ctx-size = 2048\n"
+        "no-jinja = true\n"
+        "LLAMA_ARG_N_PREDICT = 32\n"
+        "temp = 0.5 ; a comment\n"
+        "stop-timeout = 3\n"
+        "load-on-startup = yes\n"
+        "[two]\n"
+        "model = /m/two.gguf\n"
+        "jinja = false\n"
+        "pin = true\n"
+    )
+    preset = read_preset(path)
+    assert preset.defaults.options == {"ctx_size": 4096}
+    assert any("port" in line for line in preset.warnings)  # the router owns it
+    one, two = preset.sections
+    assert one.options == {
+        "model": "/m/one.gguf", "ctx_size": 2048, "jinja": False, "n_predict": 32, "temp": 0.5
+    }  # fmt: skip
+    assert (one.stop_timeout, one.load_on_startup, one.pinned) == (3.0, True, None)
+    assert two.options["jinja"] is False and two.pinned is True
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[a]\nmodel = /x.gguf\nbogus = 1\n", "bogus"),
+        ("c = 5\n[a]\nmodel = /x.gguf\n", "before the first section"),
+        ("[a]\nmodel = /x.gguf\npin = maybe\n", "pin"),
+        ("[a]\nmodel = /x.gguf\nstop-timeout = -1\n", "stop-timeout"),
+        ("[a]\nmodel = /x.gguf\nlora = x.gguf\n", "not supported"),
+        ("[a\n", "p.ini"),
+    ],
+)
+def test_bad_presets_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "p.ini"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=message) as caught:
+        read_preset(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_command_line_wins_over_the_preset(tmp_path: Path, tiny_gguf: Path) -> None:
+    path = tmp_path / "p.ini"
+    path.write_text(f"[*]\nc = 300\nn = 7\n[t]\nmodel = {tiny_gguf}\nc = 200\nalias = x,y\n")
+    base = Settings(models_preset=str(path), ctx_size=999, n_predict=5)
+    (only,) = build_catalog(base, cli_fields=["n_predict"]).entries
+    assert only.settings.ctx_size == 200  # the section over [*] over the server's value
+    assert only.settings.n_predict == 5  # the command line over both
+    assert only.settings.alias == "t" and only.aliases == ("x", "y")
+    assert only.settings.model == str(tiny_gguf) and only.settings.models_preset is None
+    assert only.weight_bytes == tiny_gguf.stat().st_size and only.kind is ModelKind.TEXT
