@@ -1214,17 +1214,149 @@ inline void exp_shifted(float* x, int64_t n, float top) {
 #endif
 
 // ---------------------------------------------------------------------------------------
-// Attention for a few query rows (decode steps, speculative verify rounds), one op:
-// softmax(scale * q k^T + mask) v with grouped-query heads. MLX's CPU
+// Attention for any number of query rows (decode steps, verify rounds, prefill chunks), one
+// op: softmax(scale * q k^T + mask) v with grouped-query heads. MLX's CPU
 // scaled_dot_product_attention is a chain of about ten ops (85 us a call for one decode
-// row of a small model); a decode step runs one per layer. q is [B, Hq, L, D], k and v
-// [B, Hkv, S, D] with any strides (the last one 1: a KV cache's slice), mask none, causal,
+// row of a small model); a decode step runs one per layer. q is float32 [B, Hq, L, D], k and
+// v [B, Hkv, S, D] with any strides (the last one 1: a KV cache's slice), mask none, causal,
 // or additive float32 / boolean [B, Hq, L, S] (broadcast: zero strides). Each query row
 // is reduced over S in order, so padding keys a mask removes change nothing.
+//
+// The KV cache is read in its own type (`-ctk/-ctv`): float32, float16 or bfloat16 rows, or
+// MLX's affine 8- and 4-bit rows with float16 scales and biases per group of 32 or 64
+// values, each converted in registers as it is loaded (no float32 copy of the cache).
+
+enum KvKind { kKvF32 = 0, kKvF16 = 1, kKvBF16 = 2, kKvQ8 = 3, kKvQ4 = 4 };
+
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu, bits;
+  if (exp == 0x1Fu) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    exp = 113;
+    while ((man & 0x400u) == 0) {
+      man <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((man & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// One (batch, key head)'s key or value rows: row s starts at rows + s * stride bytes; the
+// quantized kinds' group scales and biases (float16) at scales / biases + s * sstride / bstride.
+struct KvHead {
+  const uint8_t* rows;
+  int64_t stride;
+  const uint16_t* scales;
+  int64_t sstride;
+  const uint16_t* biases;
+  int64_t bstride;
+  int group_size;
+};
+
+template <int KIND>
+constexpr int64_t kv_row_bytes(int64_t D) {
+  return KIND == kKvF32 ? D * 4 : KIND == kKvQ8 ? D : KIND == kKvQ4 ? D / 2 : D * 2;
+}
+
+template <int KIND>
+inline const uint8_t* kv_row(const KvHead& h, int64_t s) {
+  return h.rows + s * h.stride;
+}
+
+// Value d of row s, as float32.
+template <int KIND>
+inline float kv_value(const KvHead& h, int64_t s, int64_t d) {
+  const uint8_t* r = kv_row<KIND>(h, s);
+  if constexpr (KIND == kKvF32) {
+    return reinterpret_cast<const float*>(r)[d];
+  } else if constexpr (KIND == kKvF16) {
+    return half_to_float(reinterpret_cast<const uint16_t*>(r)[d]);
+  } else if constexpr (KIND == kKvBF16) {
+    return bf16_to_float(reinterpret_cast<const uint16_t*>(r)[d]);
+  } else {
+    const int64_t g = d / h.group_size;
+    const float code = KIND == kKvQ8 ? static_cast<float>(r[d])
+                                     : static_cast<float>((r[d / 2] >> (4 * (d % 2))) & 0xF);
+    return code * half_to_float(h.scales[s * h.sstride + g]) +
+           half_to_float(h.biases[s * h.bstride + g]);
+  }
+}
+
+// Values [j * kWidth, (j + 1) * kWidth) of row s as one vector.
+template <int KIND>
+inline Vec kv_load(const KvHead& h, int64_t s, int j) {
+#if defined(__AVX512F__)
+  const uint8_t* r = kv_row<KIND>(h, s);
+  if constexpr (KIND == kKvF32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(r) + j * 16);
+  } else if constexpr (KIND == kKvF16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r) + j));
+  } else if constexpr (KIND == kKvBF16) {
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r) + j));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  } else {
+    __m128i codes;
+    if constexpr (KIND == kKvQ8) {
+      codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j * 16));
+    } else {  // 8 bytes, low nibble first
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + j * 8));
+      const __m128i nib = _mm_set1_epi8(0x0F);
+      codes = _mm_unpacklo_epi8(_mm_and_si128(b, nib), _mm_and_si128(_mm_srli_epi16(b, 4), nib));
+    }
+    const int64_t g = j * 16 / h.group_size;
+    const Vec q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(half_to_float(h.scales[s * h.sstride + g])),
+                           _mm512_set1_ps(half_to_float(h.biases[s * h.bstride + g])));
+  }
+#else
+  if constexpr (KIND == kKvF32) {
+    return vload(reinterpret_cast<const float*>(kv_row<KIND>(h, s)) + j * kWidth);
+  } else {
+    alignas(64) float buf[kWidth];
+    for (int i = 0; i < kWidth; ++i) buf[i] = kv_value<KIND>(h, s, j * kWidth + i);
+    return vload(buf);
+  }
+#endif
+}
 
 struct AttnView {
   const float* data;
   std::array<int64_t, 3> strides;  // batch, head, row; the last dimension is contiguous
+};
+
+// k or v as the kernel reads it: rows (strides in bytes), and for the quantized kinds the
+// scales and biases (strides in float16 elements).
+struct KvView {
+  const uint8_t* rows;
+  std::array<int64_t, 3> strides;
+  const uint16_t* scales;
+  std::array<int64_t, 3> sstrides;
+  const uint16_t* biases;
+  std::array<int64_t, 3> bstrides;
+
+  KvHead head(int64_t b, int64_t h, int group_size) const {
+    return {rows + b * strides[0] + h * strides[1], strides[2],
+            scales ? scales + b * sstrides[0] + h * sstrides[1] : nullptr, sstrides[2],
+            biases ? biases + b * bstrides[0] + h * bstrides[1] : nullptr, bstrides[2],
+            group_size};
+  }
 };
 
 struct AttnShape {
@@ -1232,10 +1364,12 @@ struct AttnShape {
   float scale;
   int mask_kind;  // 0 none, 1 causal, 2 additive float32, 3 boolean
   std::array<int64_t, 4> mask_strides;
+  int kv_kind;
+  int group_size;
 };
 
 // Up to kAttnRows query rows sharing one key head, against its keys: each key and value
-// row is loaded once for all of them. D = 16 * NV (kernel vectors of 16 floats).
+// row is loaded once for all of them. D = kWidth * NV.
 constexpr int kAttnRows = 4;
 // How many key (value) rows ahead the attention prefetches.
 constexpr int64_t kAttnAhead = 16;
@@ -1247,9 +1381,9 @@ struct AttnRow {
   float* out;
 };
 
-template <int NV, int R>
-void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, const float* vb,
-                     int64_t vstride, const void* mask, const AttnShape& sh, float* scores) {
+template <int KIND, int NV, int R>
+void attention_group(const AttnRow* rows, const KvHead& kh, const KvHead& vh, const void* mask,
+                     const AttnShape& sh, float* scores) {
   Vec qv[R][NV];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NV; ++j) qv[i][j] = vload(rows[i].q + j * kWidth);
@@ -1257,16 +1391,15 @@ void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, cons
   for (int i = 0; i < R; ++i) keys = std::max(keys, rows[i].visible);
   float top[R];
   for (int i = 0; i < R; ++i) top[i] = -INFINITY;
-  constexpr int64_t row_bytes = NV * static_cast<int64_t>(sizeof(Vec));
+  const int64_t row_bytes = kv_row_bytes<KIND>(sh.D);
   for (int64_t s = 0; s < keys; ++s) {
-    const float* kr = kb + s * kstride;
     // Rows a few keys ahead (the cache is read once, from memory more often than not);
     // the values' first rows while the keys' last ones are read.
-    const float* ahead = s + kAttnAhead < keys ? kr + kAttnAhead * kstride
-                                               : vb + (s + kAttnAhead - keys) * vstride;
+    const uint8_t* ahead = s + kAttnAhead < keys ? kv_row<KIND>(kh, s + kAttnAhead)
+                                                 : kv_row<KIND>(vh, s + kAttnAhead - keys);
     prefetch_lines(ahead, row_bytes);
     Vec kv[NV];
-    for (int j = 0; j < NV; ++j) kv[j] = vload(kr + j * kWidth);
+    for (int j = 0; j < NV; ++j) kv[j] = kv_load<KIND>(kh, s, j);
     for (int i = 0; i < R; ++i) {
       Vec dot = vzero();
       for (int j = 0; j < NV; ++j) dot = vfma(qv[i][j], kv[j], dot);
@@ -1296,10 +1429,9 @@ void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, cons
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = vzero();
   for (int64_t s = 0; s < keys; ++s) {
-    const float* vr = vb + s * vstride;
-    prefetch_lines(vr + kAttnAhead * vstride, row_bytes);
+    prefetch_lines(kv_row<KIND>(vh, s + kAttnAhead), row_bytes);
     Vec vv[NV];
-    for (int j = 0; j < NV; ++j) vv[j] = vload(vr + j * kWidth);
+    for (int j = 0; j < NV; ++j) vv[j] = kv_load<KIND>(vh, s, j);
     for (int i = 0; i < R; ++i) {
       const float p = scores[i * sh.S + s];
       total[i] += p;
@@ -1317,14 +1449,13 @@ void attention_group(const AttnRow* rows, const float* kb, int64_t kstride, cons
 }
 
 // Any D: one row at a time, the same operations in the same order per row.
-void attention_row_any(const AttnRow& row, const float* kb, int64_t kstride, const float* vb,
-                       int64_t vstride, const void* mask, const AttnShape& sh, float* scores,
-                       std::vector<float>& acc) {
+template <int KIND>
+void attention_row_any(const AttnRow& row, const KvHead& kh, const KvHead& vh, const void* mask,
+                       const AttnShape& sh, float* scores, std::vector<float>& acc) {
   float top = -INFINITY;
   for (int64_t s = 0; s < row.visible; ++s) {
-    const float* kr = kb + s * kstride;
     float score = 0.0f;
-    for (int64_t d = 0; d < sh.D; ++d) score += row.q[d] * kr[d];
+    for (int64_t d = 0; d < sh.D; ++d) score += row.q[d] * kv_value<KIND>(kh, s, d);
     score *= sh.scale;
     if (sh.mask_kind == 2) {
       score += static_cast<const float*>(mask)[row.mask_row + s * sh.mask_strides[3]];
@@ -1342,30 +1473,28 @@ void attention_row_any(const AttnRow& row, const float* kb, int64_t kstride, con
     for (int64_t s = 0; s < row.visible; ++s) {
       const float p = scores[s];
       total += p;
-      const float* vr = vb + s * vstride;
-      for (int64_t d = 0; d < sh.D; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
+      for (int64_t d = 0; d < sh.D; ++d) acc[static_cast<size_t>(d)] += p * kv_value<KIND>(vh, s, d);
     }
   }
   const float inv = total > 0.0f ? 1.0f / total : 0.0f;
   for (int64_t d = 0; d < sh.D; ++d) row.out[d] = acc[static_cast<size_t>(d)] * inv;
 }
 
-template <int NV>
-void attention_groups(const std::vector<AttnRow>& rows, const float* kb, int64_t kstride,
-                      const float* vb, int64_t vstride, const void* mask, const AttnShape& sh,
-                      float* scores) {
+template <int KIND, int NV>
+void attention_groups(const std::vector<AttnRow>& rows, const KvHead& kh, const KvHead& vh,
+                      const void* mask, const AttnShape& sh, float* scores) {
   // q rows and accumulators stay in registers (D = 256: two rows, q partly from L1)
   constexpr int R = NV <= 4 ? kAttnRows : 2;
   size_t i = 0;
   for (; i + R <= rows.size(); i += R) {
-    attention_group<NV, R>(rows.data() + i, kb, kstride, vb, vstride, mask, sh, scores);
+    attention_group<KIND, NV, R>(rows.data() + i, kh, vh, mask, sh, scores);
   }
   if (R > 2 && i + 2 <= rows.size()) {
-    attention_group<NV, 2>(rows.data() + i, kb, kstride, vb, vstride, mask, sh, scores);
+    attention_group<KIND, NV, 2>(rows.data() + i, kh, vh, mask, sh, scores);
     i += 2;
   }
   for (; i < rows.size(); ++i) {
-    attention_group<NV, 1>(rows.data() + i, kb, kstride, vb, vstride, mask, sh, scores);
+    attention_group<KIND, NV, 1>(rows.data() + i, kh, vh, mask, sh, scores);
   }
 }
 
@@ -1381,13 +1510,13 @@ constexpr int64_t kAttnUnitRows = 16 * kAttnRows;
 
 // Query rows [first, first + kAttnUnitRows) of batch b's heads that share key head kh
 // (rows ordered head by head, then l), against that head's keys and values.
-void attention_unit(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
+template <int KIND>
+void attention_unit(const AttnView& q, const KvView& k, const KvView& v, const void* mask,
                     const AttnShape& sh, float* out, int64_t b, int64_t kh, int64_t first,
                     bool vectors, std::vector<AttnRow>& rows, std::vector<float>& scores,
                     std::vector<float>& acc) {
   const int64_t group = sh.Hq / sh.Hkv;
-  const float* kb = k.data + b * k.strides[0] + kh * k.strides[1];
-  const float* vb = v.data + b * v.strides[0] + kh * v.strides[1];
+  const KvHead kr = k.head(b, kh, sh.group_size), vr = v.head(b, kh, sh.group_size);
   rows.clear();
   const int64_t last = std::min(first + kAttnUnitRows, group * sh.L);
   for (int64_t r = first; r < last; ++r) {
@@ -1400,22 +1529,24 @@ void attention_unit(const AttnView& q, const AttnView& k, const AttnView& v, con
   }
   if (!vectors) {
     for (const AttnRow& row : rows) {
-      attention_row_any(row, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data(), acc);
+      attention_row_any<KIND>(row, kr, vr, mask, sh, scores.data(), acc);
     }
     return;
   }
   switch (sh.D / kWidth) {
-    case 2: attention_groups<2>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
-    case 4: attention_groups<4>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
-    case 8: attention_groups<8>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
-    default: attention_groups<16>(rows, kb, k.strides[2], vb, v.strides[2], mask, sh, scores.data()); break;
+    case 2: attention_groups<KIND, 2>(rows, kr, vr, mask, sh, scores.data()); break;
+    case 4: attention_groups<KIND, 4>(rows, kr, vr, mask, sh, scores.data()); break;
+    case 8: attention_groups<KIND, 8>(rows, kr, vr, mask, sh, scores.data()); break;
+    default: attention_groups<KIND, 16>(rows, kr, vr, mask, sh, scores.data()); break;
   }
 }
 
 // Every (batch, key head) unit is independent and computed the same way on any thread, so
 // the result does not depend on how the units are split.
-void attention_rows(const AttnView& q, const AttnView& k, const AttnView& v, const void* mask,
+template <int KIND>
+void attention_rows(const AttnView& q, const KvView& k, const KvView& v, const void* mask,
                     const AttnShape& sh, float* out) {
+  // The quantized kinds' vectors must not straddle a group (kWidth divides 32 and 64).
   const bool vectors = kWidth > 1 && sh.D % kWidth == 0 &&
                        (sh.D / kWidth == 2 || sh.D / kWidth == 4 || sh.D / kWidth == 8 ||
                         sh.D / kWidth == 16);
@@ -1431,17 +1562,61 @@ void attention_rows(const AttnView& q, const AttnView& k, const AttnView& v, con
         acc.resize(static_cast<size_t>(sh.D));
         for (int64_t u = begin; u < end; ++u) {
           const int64_t bh = u / pieces;
-          attention_unit(q, k, v, mask, sh, out, bh / sh.Hkv, bh % sh.Hkv,
-                         u % pieces * kAttnUnitRows, vectors, rows, scores, acc);
+          attention_unit<KIND>(q, k, v, mask, sh, out, bh / sh.Hkv, bh % sh.Hkv,
+                               u % pieces * kAttnUnitRows, vectors, rows, scores, acc);
         }
       },
       kAttnMinParallelWork, 2);
 }
 
+// An input of any element size as the dispatched task sees it: its data and, when its last
+// axis is not contiguous, its shape and strides for a row-contiguous copy.
+struct RawOperand {
+  const uint8_t* data;
+  size_t elem;
+  bool direct;  // the last axis is contiguous: read in place with the array's strides
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // elements
+
+  static RawOperand of(const mx::array& a) {
+    RawOperand o{a.data<uint8_t>(), a.itemsize(), a.strides().back() == 1 || a.shape().back() == 1,
+                 {}, {}};
+    for (int d = 0; d < a.ndim(); ++d) {
+      o.shape.push_back(a.shape(d));
+      o.strides.push_back(a.strides()[d]);
+    }
+    return o;
+  }
+
+  // Byte strides of axes 0..2, reading in place or from `tmp` (a row-contiguous copy).
+  const uint8_t* view(std::vector<uint8_t>& tmp, std::array<int64_t, 3>& out) const {
+    if (direct) {
+      for (int d = 0; d < 3; ++d) out[d] = strides[d] * static_cast<int64_t>(elem);
+      return data;
+    }
+    const int64_t inner = shape[3], step = strides[3];
+    const int64_t n = shape[0] * shape[1] * shape[2];
+    tmp.resize(static_cast<size_t>(n * inner) * elem);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t a = i / (shape[1] * shape[2]), b = i / shape[2] % shape[1], c = i % shape[2];
+      const uint8_t* src = data + (a * strides[0] + b * strides[1] + c * strides[2]) * elem;
+      uint8_t* dst = tmp.data() + i * inner * elem;
+      for (int64_t j = 0; j < inner; ++j) std::memcpy(dst + j * elem, src + j * step * elem, elem);
+    }
+    out = {shape[1] * shape[2] * inner * static_cast<int64_t>(elem),
+           shape[2] * inner * static_cast<int64_t>(elem), inner * static_cast<int64_t>(elem)};
+    return tmp.data();
+  }
+};
+
 class CpuAttention : public mx::Primitive {
  public:
-  CpuAttention(mx::Stream stream, float scale, int mask_kind)
-      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+  CpuAttention(mx::Stream stream, float scale, int mask_kind, int kv_kind, int group_size)
+      : mx::Primitive(stream),
+        scale_(scale),
+        mask_kind_(mask_kind),
+        kv_kind_(kv_kind),
+        group_size_(group_size) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -1449,39 +1624,59 @@ class CpuAttention : public mx::Primitive {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     for (const auto& a : inputs) encoder.set_input_array(a);
     encoder.set_output_array(out);
-    // q, k and v as the kernel reads them: views when the last axis is contiguous (a KV
-    // cache's slice is), else row-contiguous copies made in the task.
-    std::array<Operand, 3> ops;
-    std::array<AttnView, 3> views;
-    for (int i = 0; i < 3; ++i) {
-      const mx::array& a = inputs[i];
-      const bool direct = a.strides()[3] == 1;
-      ops[i] = direct ? Operand{nullptr, true, {}, {}} : Operand::of(a);
-      const int64_t H = a.shape(1), L = a.shape(2), D = a.shape(3);
-      views[i] = direct ? AttnView{a.data<float>(),
-                                   {static_cast<int64_t>(a.strides()[0]),
-                                    static_cast<int64_t>(a.strides()[1]),
-                                    static_cast<int64_t>(a.strides()[2])}}
-                        : AttnView{nullptr, {H * L * D, L * D, D}};
-    }
+    const bool quantized = kv_kind_ >= kKvQ8;
+    const size_t parts = quantized ? 3 : 1;  // rows (codes), scales, biases
+    // q as the kernel reads it: a view when its last axis is contiguous, else a copy made
+    // in the task; k and v the same, in their own element types.
     const mx::array& q = inputs[0];
-    AttnShape sh{q.shape(0), q.shape(1), inputs[1].shape(1), q.shape(2), inputs[1].shape(2),
-                 q.shape(3), scale_, mask_kind_, {0, 0, 0, 0}};
+    const bool q_direct = q.strides()[3] == 1;
+    Operand q_op = q_direct ? Operand{nullptr, true, {}, {}} : Operand::of(q);
+    AttnView q_view = q_direct ? AttnView{q.data<float>(),
+                                          {static_cast<int64_t>(q.strides()[0]),
+                                           static_cast<int64_t>(q.strides()[1]),
+                                           static_cast<int64_t>(q.strides()[2])}}
+                               : AttnView{nullptr,
+                                          {q.shape(1) * q.shape(2) * q.shape(3),
+                                           q.shape(2) * q.shape(3), q.shape(3)}};
+    std::vector<RawOperand> kv;
+    for (size_t i = 0; i < 2 * parts; ++i) kv.push_back(RawOperand::of(inputs[1 + i]));
+    const mx::array& k = inputs[1];
+    AttnShape sh{q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3),
+                 scale_, mask_kind_, {0, 0, 0, 0}, kv_kind_, group_size_};
     const void* mask = nullptr;
     if (mask_kind_ >= 2) {
-      const mx::array& m = inputs[3];
+      const mx::array& m = inputs[1 + 2 * parts];
       for (int d = 0; d < 4; ++d) sh.mask_strides[d] = static_cast<int64_t>(m.strides()[d]);
       mask = mask_kind_ == 2 ? static_cast<const void*>(m.data<float>())
                              : static_cast<const void*>(m.data<bool>());
     }
-    encoder.dispatch([ops = std::move(ops), views, mask, sh, op = out.data<float>()]() mutable {
-      std::vector<uint32_t> tmp[3];
-      for (int i = 0; i < 3; ++i) {
-        if (views[i].data == nullptr) {
-          views[i].data = static_cast<const float*>(ops[i].contiguous(tmp[i]));
+    encoder.dispatch([q_op = std::move(q_op), q_view, kv = std::move(kv), parts, mask, sh,
+                      op = out.data<float>()]() mutable {
+      std::vector<uint32_t> q_tmp;
+      if (q_view.data == nullptr) q_view.data = static_cast<const float*>(q_op.contiguous(q_tmp));
+      std::vector<uint8_t> tmp[6];
+      KvView views[2];
+      for (size_t t = 0; t < 2; ++t) {
+        KvView& w = views[t];
+        w.rows = kv[t * parts].view(tmp[t * parts], w.strides);
+        w.scales = w.biases = nullptr;
+        w.sstrides = w.bstrides = {0, 0, 0};
+        if (parts == 3) {
+          w.scales = reinterpret_cast<const uint16_t*>(kv[t * 3 + 1].view(tmp[t * 3 + 1], w.sstrides));
+          w.biases = reinterpret_cast<const uint16_t*>(kv[t * 3 + 2].view(tmp[t * 3 + 2], w.bstrides));
+          for (int d = 0; d < 3; ++d) {
+            w.sstrides[d] /= 2;
+            w.bstrides[d] /= 2;
+          }
         }
       }
-      attention_rows(views[0], views[1], views[2], mask, sh, op);
+      switch (sh.kv_kind) {
+        case kKvF16: attention_rows<kKvF16>(q_view, views[0], views[1], mask, sh, op); break;
+        case kKvBF16: attention_rows<kKvBF16>(q_view, views[0], views[1], mask, sh, op); break;
+        case kKvQ8: attention_rows<kKvQ8>(q_view, views[0], views[1], mask, sh, op); break;
+        case kKvQ4: attention_rows<kKvQ4>(q_view, views[0], views[1], mask, sh, op); break;
+        default: attention_rows<kKvF32>(q_view, views[0], views[1], mask, sh, op); break;
+      }
     });
   }
 
@@ -1493,7 +1688,8 @@ class CpuAttention : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuAttention*>(&other);
-    return o != nullptr && o->scale_ == scale_ && o->mask_kind_ == mask_kind_;
+    return o != nullptr && o->scale_ == scale_ && o->mask_kind_ == mask_kind_ &&
+           o->kv_kind_ == kv_kind_ && o->group_size_ == group_size_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -1503,22 +1699,20 @@ class CpuAttention : public mx::Primitive {
  private:
   float scale_;
   int mask_kind_;
+  int kv_kind_;
+  int group_size_;
 };
 
-// mask_kind: 0 none, 1 causal, 2 additive float32 mask, 3 boolean mask (mask [B, Hq, L, S]).
-mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-                    int mask_kind, const std::optional<mx::array>& mask) {
-  auto four = [](const mx::array& a) { return a.ndim() == 4 && a.dtype() == mx::float32; };
-  if (!four(q) || !four(k) || !four(v)) throw std::invalid_argument("expected float32 q, k, v [B, H, L, D]");
-  if (k.shape() != v.shape() || k.shape(0) != q.shape(0) || k.shape(3) != q.shape(3) ||
-      k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0) {
-    throw std::invalid_argument("q, k and v shapes do not match");
-  }
-  std::vector<mx::array> inputs{q, k, v};
+// The checks and the op shared by `attention` and `quantized_attention`: `kv` holds k's parts
+// then v's (1 each for the float kinds, codes / scales / biases for the quantized ones).
+mx::array attention_op(const mx::array& q, const std::vector<mx::array>& kv, float scale,
+                       int mask_kind, const std::optional<mx::array>& mask, int kv_kind,
+                       int group_size, int64_t S) {
+  std::vector<mx::array> inputs{q};
+  inputs.insert(inputs.end(), kv.begin(), kv.end());
   if (mask_kind >= 2) {
     if (!mask || mask->ndim() != 4 || mask->shape(0) != q.shape(0) ||
-        mask->shape(1) != q.shape(1) || mask->shape(2) != q.shape(2) ||
-        mask->shape(3) != k.shape(2) ||
+        mask->shape(1) != q.shape(1) || mask->shape(2) != q.shape(2) || mask->shape(3) != S ||
         mask->dtype() != (mask_kind == 2 ? mx::float32 : mx::bool_)) {
       throw std::invalid_argument("mask must be [B, Hq, L, S], float32 (additive) or bool");
     }
@@ -1527,8 +1721,59 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     throw std::invalid_argument("mask_kind must be 0, 1, 2 or 3");
   }
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
-  return mx::array(q.shape(), mx::float32, std::make_shared<CpuAttention>(stream, scale, mask_kind),
+  return mx::array(q.shape(), mx::float32,
+                   std::make_shared<CpuAttention>(stream, scale, mask_kind, kv_kind, group_size),
                    inputs);
+}
+
+// mask_kind: 0 none, 1 causal, 2 additive float32 mask, 3 boolean mask (mask [B, Hq, L, S]).
+// k and v: float32, float16 or bfloat16, the same type.
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                    int mask_kind, const std::optional<mx::array>& mask) {
+  if (q.ndim() != 4 || q.dtype() != mx::float32 || k.ndim() != 4 || v.ndim() != 4 ||
+      k.dtype() != v.dtype()) {
+    throw std::invalid_argument("expected float32 q and k, v of one type, [B, H, L, D]");
+  }
+  const int kind = k.dtype() == mx::float32   ? kKvF32
+                   : k.dtype() == mx::float16 ? kKvF16
+                   : k.dtype() == mx::bfloat16 ? kKvBF16
+                                              : -1;
+  if (kind < 0) throw std::invalid_argument("k and v must be float32, float16 or bfloat16");
+  if (k.shape() != v.shape() || k.shape(0) != q.shape(0) || k.shape(3) != q.shape(3) ||
+      k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0) {
+    throw std::invalid_argument("q, k and v shapes do not match");
+  }
+  return attention_op(q, {k, v}, scale, mask_kind, mask, kind, 0, k.shape(2));
+}
+
+// The same over MLX's affine-quantized k and v (codes uint32 [B, Hkv, S, D * bits / 32],
+// float16 scales and biases [B, Hkv, S, D / group_size]), 8 or 4 bits, groups of 32 or 64.
+mx::array quantized_attention(const mx::array& q, const mx::array& kw, const mx::array& ks,
+                              const mx::array& kb, const mx::array& vw, const mx::array& vs,
+                              const mx::array& vb, float scale, int mask_kind,
+                              const std::optional<mx::array>& mask, int bits, int group_size) {
+  if ((bits != 8 && bits != 4) || (group_size != 32 && group_size != 64)) {
+    throw std::invalid_argument("quantized attention takes 8 or 4 bits in groups of 32 or 64");
+  }
+  if (q.ndim() != 4 || q.dtype() != mx::float32) throw std::invalid_argument("expected float32 q");
+  const int64_t D = q.shape(3);
+  for (const mx::array* a : {&kw, &ks, &kb, &vw, &vs, &vb}) {
+    if (a->ndim() != 4 || a->shape(0) != q.shape(0) || a->shape(1) != kw.shape(1) ||
+        a->shape(2) != kw.shape(2)) {
+      throw std::invalid_argument("q, k and v shapes do not match");
+    }
+  }
+  if (kw.dtype() != mx::uint32 || vw.dtype() != mx::uint32 || kw.shape(3) * 32 / bits != D ||
+      vw.shape(3) != kw.shape(3) || D % group_size != 0 || ks.shape(3) != D / group_size ||
+      kb.shape(3) != ks.shape(3) || vs.shape(3) != ks.shape(3) || vb.shape(3) != ks.shape(3) ||
+      kw.shape(1) == 0 || q.shape(1) % kw.shape(1) != 0) {
+    throw std::invalid_argument("q, k and v shapes do not match");
+  }
+  for (const mx::array* a : {&ks, &kb, &vs, &vb}) {
+    if (a->dtype() != mx::float16) throw std::invalid_argument("scales and biases must be float16");
+  }
+  return attention_op(q, {kw, ks, kb, vw, vs, vb}, scale, mask_kind, mask,
+                      bits == 8 ? kKvQ8 : kKvQ4, group_size, kw.shape(2));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1885,7 +2130,14 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
         nb::arg("mask_kind"), nb::arg("mask").none(),
         "softmax(scale * q k^T + mask) v on the CPU for float32 q [B, Hq, L, D], k and v "
-        "[B, Hkv, S, D]; mask_kind 0 none, 1 causal, 2 additive, 3 boolean ([B, Hq, L, S]).");
+        "[B, Hkv, S, D] (float32, float16 or bfloat16); mask_kind 0 none, 1 causal, 2 additive, "
+        "3 boolean ([B, Hq, L, S]).");
+  m.def("quantized_attention", &quantized_attention, nb::arg("q"), nb::arg("k_codes"),
+        nb::arg("k_scales"), nb::arg("k_biases"), nb::arg("v_codes"), nb::arg("v_scales"),
+        nb::arg("v_biases"), nb::arg("scale"), nb::arg("mask_kind"), nb::arg("mask").none(),
+        nb::arg("bits"), nb::arg("group_size"),
+        "attention over MLX's affine 8- or 4-bit k and v (float16 scales and biases, groups of "
+        "32 or 64), read in place.");
   m.def("silu", &silu, nb::arg("x"), "nn.silu (x * sigmoid(x)) of float32 x on the CPU.");
   m.def("gelu_approx", &gelu_approx, nb::arg("x"),
         "nn.gelu_approx (tanh-approximate GELU) of float32 x on the CPU.");

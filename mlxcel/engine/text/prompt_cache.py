@@ -123,15 +123,16 @@ def _cache_size(cache: list[Any]) -> int | None:
 
 
 def _compact(cache: list[Any]) -> list[Any]:
-    """`cache` with every plain KV layer cut to the tokens it holds (no growth padding)."""
+    """`cache` with every plain KV layer (of any `-ctk` float type: mlx-lm's `KVCache` or
+    a subclass) cut to the tokens it holds (no growth padding)."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
     out: list[Any] = []
     for layer in cache:
         keys: Any = getattr(layer, "keys", None)
-        if type(layer) is KVCache and keys is not None and keys.shape[2] != layer.offset:
-            fresh = KVCache()
+        if isinstance(layer, KVCache) and keys is not None and keys.shape[2] != layer.offset:
+            fresh = type(layer)()
             fresh.keys = mx.contiguous(keys[..., : layer.offset, :])
             values: Any = layer.values
             fresh.values = mx.contiguous(values[..., : layer.offset, :])
@@ -147,8 +148,8 @@ def _copy_prefix(cache: list[Any], n_tokens: int, total: int) -> list[Any]:
 
     out: list[Any] = []
     for layer in cache:
-        if type(layer) is KVCache:
-            fresh = KVCache()
+        if isinstance(layer, KVCache):
+            fresh = type(layer)()
             keys: Any = layer.keys
             values: Any = layer.values
             if keys is not None:
