@@ -96,6 +96,78 @@ def test_gemma3_270m_reads_as_llama_cpp(gemma3_270m: Path) -> None:
     assert (attention.q_proj.bits, attention.o_proj.bits) == (5, 4)
 
 
+# A varied sample: scripts, digits, code, runs of spaces and newlines, the turn markers.
+SAMPLE = [
+    "The capital of France is Paris; its population is 2,102,650 (2023).",
+    "  leading spaces\ttabs\n\nand   runs   of    spaces\r\n",
+    "Café déjà vu — naïve façade, Ærøskøbing, Straße, İstanbul",
+    "東京は日本の首都です。北京是中国的首都。서울은 한국의 수도입니다.",
+    "Привет, мир! Γειά σου κόσμε! مرحبا بالعالم שלום עולם नमस्ते दुनिया",
+    "emoji 🤗🙂👍🏽 and symbols ∑∫√∞ ≤≥ ±×÷ €£¥ ©®™",
+    "def f(x):\n    return {'a': [1, 2.5e-3, None]}  # comment\n",
+    "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>",
+    "<bos><pad><unk><mask> <unused0> <start_of_image> text",
+    "",
+]
+
+
+def largest_python_container(root: object) -> int:
+    """Entries of the largest list, tuple, dict or set reachable from `root` through Python
+    references (classes, modules and functions not followed)."""
+    import gc
+    import types
+
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    seen: set[int] = set()
+    stack, largest = [root], 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple, dict, set, frozenset)):
+            largest = max(largest, len(obj))
+        stack.extend(gc.get_referents(obj))
+    return largest
+
+
+def test_gemma3_270m_tokenizer_is_built_once_and_read_back_the_same(
+    gemma3_270m: Path, tmp_path: Path
+) -> None:
+    """Gemma's 262k-token vocabulary, built without transformers' merge sorting and without
+    its deep copy, is transformers' tokenizer (the same serialized JSON); the wrapper holds
+    that one backend and no Python copy of the vocabulary; the store's copy reads back the
+    same. Ids on a varied sample are the same every way."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    from mlxcel.engine.loading.gguf import read_gguf_header
+    from mlxcel.engine.loading.gguf_tokenizer import (
+        backend_tokenizer,
+        build_gguf_tokenizer,
+        load_saved_tokenizer,
+        save_tokenizer,
+        tokenizer_fields,
+    )
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    metadata = read_gguf_header(gemma3_270m).metadata
+    fields = tokenizer_fields(metadata)
+    ours = backend_tokenizer("gemma3", fields)
+    reference, _ = convert_gguf_tokenizer("gemma3", fields)
+    assert ours.to_str() == reference.to_str()
+    del ours, reference, fields
+
+    tokenizer = build_gguf_tokenizer(metadata)
+    del metadata
+    assert largest_python_container(Tokenizer(tokenizer)) < 100_000  # the vocabulary: 262,144
+    save_tokenizer(tokenizer, tmp_path)
+    stored = load_saved_tokenizer(tmp_path)
+    assert stored.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+    for text in SAMPLE:
+        ids = tokenizer.encode(text)
+        assert stored.encode(text) == ids and tokenizer.decode(ids[1:]) == text, text
+
+
 _LOAD_AND_MEASURE = """
 import json, sys
 import mlx.core as mx

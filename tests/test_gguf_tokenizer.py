@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,14 @@ from fixtures.tiny_models import write_tiny_gguf
 from mlxcel.engine.loading.gguf import read_gguf_header
 from mlxcel.engine.loading.gguf_tokenizer import (
     EXTRA_PRE_TOKENIZER_SPLITS,
+    backend_tokenizer,
     build_gguf_tokenizer,
     end_of_generation_ids,
     load_saved_tokenizer,
+    read_tokenizer_json,
     save_tokenizer,
+    tokenizer_fields,
+    wrap_backend,
 )
 
 TEXTS = [
@@ -220,3 +225,81 @@ def test_smollm2_specials_and_template(smollm2_tokenizer: Any) -> None:
     )
     assert prompt.startswith("<|im_start|>system\n") and "SmolLM" in prompt
     assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+# ------------------------------------------- built without copies, and read back the same
+
+
+def gemma_metadata() -> dict[str, Any]:
+    """A Gemma-style SentencePiece vocabulary with what its builder respells and ranks: runs
+    of spaces stored as spaces (`"  "` collides with `▁▁`), a repeated token, a control token
+    and a user-defined one."""
+    import numpy as np
+
+    pieces = ["▁", "h", "e", "l", "o", " ", "▁h", "he", "ll", "lo", "▁he", "hell", "▁hell"]
+    pieces += ["▁hello", "  ", "▁▁", "   ", "he", "<start_of_turn>", "<b>", "llo", "ello"]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{i:02X}>" for i in range(256))]
+    tokens += pieces
+    types = [3, 3, 3, 2] + [6] * 256 + [1] * len(pieces)
+    types[tokens.index("<start_of_turn>")], types[tokens.index("<b>")] = 3, 4
+    return {
+        "general.architecture": "gemma3",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types),
+        "tokenizer.ggml.scores": np.array([0.0] * len(tokens)),
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+        "tokenizer.ggml.padding_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": False,
+    }
+
+
+def test_gemma_vocabulary_is_transformers_one() -> None:
+    """Gemma's merges listed in one pass give the tokenizer transformers' builder gives:
+    the same serialized `tokenizers` JSON (vocabulary, merges in order, added tokens)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    fields = tokenizer_fields(gemma_metadata())
+    ours = backend_tokenizer("gemma3", fields)
+    reference, _ = convert_gguf_tokenizer("gemma3", fields)
+    assert json.loads(ours.to_str()) == json.loads(reference.to_str())
+    for text in ["hello  hello   he<b>", "hello<start_of_turn>  x", *TEXTS]:
+        assert ours.encode(text).ids == reference.encode(text).ids, text
+    assert "▁▁" in ours.encode("hello   hello").tokens  # the respelled run of spaces
+
+
+def test_wrapper_holds_the_backend_built(llama_metadata: dict) -> None:
+    """No deep copy of the backend: the wrapper's is the very tokenizer built from the file."""
+    fields = tokenizer_fields(llama_metadata)
+    backend = backend_tokenizer("llama", fields)
+    tokenizer = wrap_backend(backend, bos_token="<s>", clean_up_tokenization_spaces=False)
+    assert tokenizer.backend_tokenizer is backend
+    assert tokenizer.encode("hello", add_special_tokens=False) == backend.encode("hello").ids
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "gemma"])
+def test_tokenizer_json_read_back_as_written(
+    kind: str, llama_metadata: dict, tmp_path: Path
+) -> None:
+    """`read_tokenizer_json` (the store's way) gives back the tokenizer `save_tokenizer` wrote,
+    added tokens included, one past the vocabulary among them: the same JSON, the same ids.
+    Where the vocabulary has no repeated token, that is `Tokenizer.from_file`'s tokenizer;
+    with one (Gemma's `"  "` and `▁▁`), `from_file` gives the token past the vocabulary the
+    id of the last added token, which it loses."""
+    from tokenizers import Tokenizer
+
+    metadata = llama_metadata if kind == "byte-level" else gemma_metadata()
+    original = build_gguf_tokenizer(metadata).backend_tokenizer
+    original.add_special_tokens(["<past_the_vocabulary>"])
+    save_tokenizer(wrap_backend(original, clean_up_tokenization_spaces=False), tmp_path)
+    path = tmp_path / "tokenizer.json"
+    ours = read_tokenizer_json(path)
+    assert json.loads(ours.to_str()) == json.loads(path.read_text())
+    past = ours.token_to_id("<past_the_vocabulary>")
+    assert past == original.token_to_id("<past_the_vocabulary>") == original.get_vocab_size() - 1
+    for text in [*TEXTS, "he<past_the_vocabulary>llo  <b>"]:
+        assert ours.encode(text).ids == original.encode(text).ids, text
+    if kind == "byte-level":
+        assert json.loads(ours.to_str()) == json.loads(Tokenizer.from_file(str(path)).to_str())

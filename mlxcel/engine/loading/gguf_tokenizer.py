@@ -1,7 +1,10 @@
 """Rebuild a Hugging Face fast tokenizer from the tokenizer a GGUF file describes in its metadata.
 
 The vocabulary, merges and special tokens are handed to transformers' GGUF tokenizer builders
-(which need no torch). Two things are added so token ids match llama.cpp's:
+(which need no torch), except Gemma's 262k-token SentencePiece vocabularies, whose merges are
+listed here in one pass (`gemma_tokenizer`: the same tokenizer, without sorting half a million
+merges). The `tokenizers` backend is wrapped as it is built, not deep-copied, so a second
+vocabulary never exists. Two things are added so token ids match llama.cpp's:
 
 * pre-tokenizer splits for the `tokenizer.ggml.pre` types transformers does not know (for
   example `smollm`, which splits every digit on its own), and
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+_METASPACE = "\u2581"  # SentencePiece's word-boundary mark
 
 # llama.cpp's pre-tokenizer regexes for byte-level (gpt2) vocabularies, applied one after the
 # other (each splits the pieces the previous one left). Only the types that transformers'
@@ -104,24 +109,14 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
     as the tokenizer's `chat_template`. Raises ValueError if the file describes no tokenizer or
     one transformers cannot build.
     """
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        GGUF_TOKENIZER_MAPPING,
-        convert_gguf_tokenizer,
-    )
-
     architecture = str(metadata.get("general.architecture", ""))
-    fields: dict[str, Any] = {}
-    for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items():
-        value = metadata.get(f"tokenizer.{key}")
-        if value is not None:
-            fields[name] = plain(value)
+    fields = tokenizer_fields(metadata)
     model_type = fields.get("tokenizer_type")
-    tokens: list[str] = list(fields.get("tokens") or [])
+    tokens: list[str] = fields.get("tokens") or []
     if not model_type or not tokens:
         raise ValueError("the GGUF file has no tokenizer (tokenizer.ggml.model/tokens missing)")
 
-    backend, _ = convert_gguf_tokenizer(architecture, fields)
+    backend = backend_tokenizer(architecture, fields)
     pre_type = str(fields.get("pre_tokenizer_type") or "default")
     if model_type == "gpt2":
         _set_byte_level_splits(backend, pre_type)
@@ -141,8 +136,8 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
     add_eos = _flag(metadata, "tokenizer.ggml.add_eos_token", False)
     bos, eos = token_of("bos_token_id"), token_of("eos_token_id")
     template = metadata.get("tokenizer.chat_template")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+    tokenizer = wrap_backend(
+        backend,
         bos_token=bos,
         eos_token=eos,
         unk_token=token_of("unknown_token_id"),
@@ -153,6 +148,72 @@ def build_gguf_tokenizer(metadata: Mapping[str, Any]) -> Any:
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = str(template) if template else None
+    return tokenizer
+
+
+def tokenizer_fields(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The `tokenizer.*` metadata under the names transformers' GGUF builders take, as plain
+    Python values."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
+
+    fields: dict[str, Any] = {}
+    for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items():
+        value = metadata.get(f"tokenizer.{key}")
+        if value is not None:
+            fields[name] = plain(value)
+    return fields
+
+
+def backend_tokenizer(architecture: str, fields: dict[str, Any]) -> Any:
+    """The `tokenizers.Tokenizer` transformers' GGUF builders make from `fields` (named as in
+    `GGUF_TOKENIZER_MAPPING`); where transformers builds a Gemma vocabulary, it is built by
+    `gemma_tokenizer` here, with the same special tokens and splits added after."""
+    from transformers.integrations.gguf import gguf_tokenizer_mapping as builders
+
+    sentencepiece = fields.get("tokenizer_type") == "llama"
+    if sentencepiece and builders.GGUF_SENTENCEPIECE_BUILDERS.get(architecture) is (
+        builders.gemma_tokenizer
+    ):
+        tokenizer = builders.add_gguf_special_tokens(gemma_tokenizer(fields["tokens"]), fields)
+        return builders.set_split_regex(tokenizer, fields).backend_tokenizer
+    backend, _ = builders.convert_gguf_tokenizer(architecture, fields)
+    return backend
+
+
+def gemma_tokenizer(tokens: Sequence[str]) -> Any:
+    """transformers' Gemma GGUF builder with its merges listed in one pass.
+
+    As there: tokens of two or more spaces are respelled `▁▁`, and every split of a token into
+    two tokens is a merge, ranked by the token's place in the file (its last place, for a
+    repeated token) and, within a token, longer left piece first. transformers gets that order
+    by sorting each token's splits and then all 515k merges of a 262k vocabulary; walking the
+    file in order gives it directly."""
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    respelled = [_METASPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {token: index for index, token in enumerate(respelled)}
+    merges: list[tuple[str, str]] = []
+    for index, token in enumerate(respelled):
+        if vocab[token] != index:  # a repeated token ranks at its last place
+            continue
+        for cut in range(len(token) - 1, 0, -1):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                merges.append((left, right))
+    # pairs, as transformers' own builder passes them (its annotation says strings only)
+    return GemmaTokenizer(vocab=vocab, merges=merges)  # type: ignore[arg-type]
+
+
+def wrap_backend(backend: Any, **options: Any) -> Any:
+    """A `PreTrainedTokenizerFast` holding `backend` itself. Its `tokenizer_object=` would
+    deep-copy it: a second tokenizer while it is built (100 MB and 2 s for Gemma's 262k
+    vocabulary). transformers keeps a backend that is set before its `__init__` runs, as its
+    own tokenizer classes do."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.__new__(PreTrainedTokenizerFast)
+    tokenizer._tokenizer = backend
+    PreTrainedTokenizerFast.__init__(tokenizer, **options)
     return tokenizer
 
 
@@ -254,11 +315,9 @@ def save_tokenizer(tokenizer: Any, directory: Path) -> None:
 
 def load_saved_tokenizer(directory: Path) -> Any:
     """The tokenizer `save_tokenizer` wrote to `directory`."""
-    from transformers import PreTrainedTokenizerFast
-
     config = json.loads((directory / "tokenizer_config.json").read_text())
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_file=str(directory / "tokenizer.json"),
+    tokenizer = wrap_backend(
+        read_tokenizer_json(directory / "tokenizer.json"),
         additional_special_tokens=list(config.get("additional_special_tokens") or []),
         add_bos_token=bool(config.get("add_bos_token")),
         add_eos_token=bool(config.get("add_eos_token")),
@@ -267,3 +326,69 @@ def load_saved_tokenizer(directory: Path) -> Any:
     )
     tokenizer.chat_template = config.get("chat_template")
     return tokenizer
+
+
+_BPE_OPTIONS = (
+    "dropout",
+    "unk_token",
+    "continuing_subword_prefix",
+    "end_of_word_suffix",
+    "fuse_unk",
+    "byte_fallback",
+    "ignore_merges",
+)
+
+
+def read_tokenizer_json(path: Path) -> Any:
+    """The `tokenizers.Tokenizer` a `tokenizer.json` describes. A BPE model is built from the
+    file's vocabulary and merges as Python reads them, then the added tokens are added to it:
+    the same tokenizer as `Tokenizer.from_file` gives, held in less memory (Gemma's 262k
+    vocabulary: 74 MiB, not 95, measured by bench/gguf_memory.py). Other models, and merges
+    written as `"a b"` strings, are read by `from_file`."""
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.models import BPE
+
+    text = path.read_text(encoding="utf-8")
+    data = json.loads(text)
+    model = data.get("model") or {}
+    merges = model.get("merges") or []
+    if (
+        model.get("type") != "BPE"
+        or not all(isinstance(m, list) and len(m) == 2 for m in merges)
+        or data.get("truncation") is not None
+        or data.get("padding") is not None
+    ):
+        return Tokenizer.from_str(text)
+    del text
+    options = {key: model[key] for key in _BPE_OPTIONS if model.get(key) is not None}
+    shell = {**data, "added_tokens": [], "model": {"type": "BPE", "vocab": {}, "merges": []}}
+    pipeline = Tokenizer.from_str(json.dumps(shell))
+    tokenizer = Tokenizer(BPE(vocab=model["vocab"], merges=[(a, b) for a, b in merges], **options))
+    del model, merges, data["model"]
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        setattr(tokenizer, part, getattr(pipeline, part))
+    # in the file's order, a run of special or plain tokens at a time, as `from_file` adds
+    # them: tokens the vocabulary lacks get the ids after it in that order
+    run: list[AddedToken] = []
+    for entry in data["added_tokens"]:
+        token = AddedToken(
+            entry["content"],
+            single_word=entry["single_word"],
+            lstrip=entry["lstrip"],
+            rstrip=entry["rstrip"],
+            normalized=entry["normalized"],
+            special=entry["special"],
+        )
+        if run and run[-1].special != token.special:
+            _add_tokens(tokenizer, run)
+            run = []
+        run.append(token)
+    _add_tokens(tokenizer, run)
+    return tokenizer
+
+
+def _add_tokens(tokenizer: Any, tokens: list[Any]) -> None:
+    if tokens and tokens[0].special:
+        tokenizer.add_special_tokens(tokens)
+    elif tokens:
+        tokenizer.add_tokens(tokens)
