@@ -410,3 +410,43 @@ def test_a_model_sleeps_when_idle_and_wakes_on_its_next_request(
             assert "chat-a" in server.stderr
     finally:
         server.stop()
+
+
+def test_a_vision_model_is_routed_with_its_images(models_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm is part of mlxcel's vision extra")
+    import base64
+    import io
+
+    from fixtures.tiny_vlm import build_tiny_qwen2_vl
+    from PIL import Image
+
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "chat-a").symlink_to(models_dir / "chat-a")
+    build_tiny_qwen2_vl(root / "qwen2-vl")
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(picture, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode()
+    message = [
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]}
+    ]  # fmt: skip
+    env = {"HF_HUB_OFFLINE": "1", "MLX_DISABLE_COMPILE": "1", "TQDM_DISABLE": "1"}
+    server = serve(root, env=env)
+    try:
+        with server.client() as client:
+            listed = {m["id"]: m for m in client.get("/models").json()["data"]}
+            assert listed["qwen2-vl"]["kind"] == "vision"
+            assert listed["qwen2-vl"]["architecture"]["input_modalities"] == ["text", "image"]
+            body = {"model": "qwen2-vl", "messages": message, "max_tokens": 3}
+            answer = client.post("/v1/chat/completions", json=body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["usage"]["prompt_tokens"] > 20  # the image's patch tokens
+            props = client.get("/props", params={"model": "qwen2-vl"}).json()
+            assert props["modalities"]["vision"] is True
+            # the text model of the same router refuses the image, as a single server does
+            assert chat(client, "chat-a", messages=message).status_code == 400
+    finally:
+        server.stop()

@@ -65,9 +65,10 @@ def request_use(path: str) -> str | None:
 def unknown_model(name: str, pool: ModelPool) -> APIError:
     """400 `model_not_found`, naming the models there are."""
     available = ", ".join(pool.names()) or "none"
+    shown = name if len(name) <= 200 else name[:200] + "..."
     return APIError(
         400,
-        f"model '{name}' not found; available models: {available}",
+        f"model '{shown}' not found; available models: {available}",
         code="model_not_found",
         extra={"param": "model"},
     )

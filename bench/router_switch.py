@@ -1,0 +1,105 @@
+"""Router mode: what switching models costs (issue 30).
+
+One `mlxcel serve --models-dir DIR --models-max 1` with two real models: the shipped
+SmolLM2-135M Q4_1 GGUF and Gemma 3 270M Q4_K_M (its four installed chunks joined). Both are
+loaded once first, so every later load reads warm disk (the converted model store and the OS
+page cache). Each round, for each model in turn:
+
+- `first`: a one-token chat request for the model that is not loaded: it waits while the
+  other model is unloaded and this one loads, then is answered;
+- `warm`: the same request again, the model loaded;
+- `load`: `POST /models/unload` then `POST /models/load` of the model alone (the switch
+  without a request).
+
+It prints each model's medians and spreads over the rounds, and `first / warm`, measured
+in this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from _common import BENCH_DIR, Server, free_port, load_note
+from gguf_vs_llama import shipped_gemma3
+
+MESSAGES = [{"role": "user", "content": "Say hi."}]
+
+
+def models_dir() -> Path:
+    """BENCH_DIR/router-models with links to the two shipped models."""
+    from mlxcel.engine.loading.default_model import default_model_path
+
+    root = BENCH_DIR / "router-models"
+    root.mkdir(parents=True, exist_ok=True)
+    for name, target in (
+        ("smollm2-135m.gguf", default_model_path()),
+        ("gemma-3-270m.gguf", Path(shipped_gemma3())),
+    ):
+        link = root / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target)
+    return root
+
+
+def one_token(client: httpx.Client, model: str) -> float:
+    """Seconds for a one-token chat answer from `model`."""
+    start = time.perf_counter()
+    response = client.post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": MESSAGES, "max_tokens": 1, "temperature": 0},
+    )
+    response.raise_for_status()
+    return time.perf_counter() - start
+
+
+def timed(client: httpx.Client, path: str, model: str) -> float:
+    start = time.perf_counter()
+    client.post(path, json={"model": model}).raise_for_status()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-r", "--rounds", type=int, default=5)
+    args = parser.parse_args()
+    root = models_dir()
+    names = ["gemma-3-270m", "smollm2-135m"]
+    port = free_port()
+    argv = [sys.executable, "-m", "mlxcel", "serve", "--models-dir", str(root)]
+    argv += ["--models-max", "1", "-c", "2048", "--host", "127.0.0.1", "--port", str(port)]
+    figures: dict[tuple[str, str], list[float]] = {
+        (key, name): [] for key in ("first", "warm", "load") for name in names
+    }
+    server = Server("mlxcel serve (router)", argv, port, "/health")
+    with server, httpx.Client(base_url=server.url, timeout=600) as client:
+        for name in names:  # converts each GGUF once: later loads read warm disk
+            one_token(client, name)
+        for _ in range(args.rounds):
+            for name in names:
+                figures["first", name].append(one_token(client, name))
+                figures["warm", name].append(one_token(client, name))
+                timed(client, "/models/unload", name)
+                figures["load", name].append(timed(client, "/models/load", name))
+    print(f"router switch, --models-max 1, {args.rounds} rounds; {load_note()}")
+    for name in names:
+        print(f"{name}:")
+        for key, label in (
+            ("first", "first request while the other model is loaded (switch + answer)"),
+            ("warm", "the same request, the model loaded"),
+            ("load", "POST /models/load alone (warm disk)"),
+        ):
+            values = figures[key, name]
+            low, high = min(values), max(values)
+            print(f"  {label}: median {statistics.median(values):.3f} s ({low:.3f}-{high:.3f})")
+        first = statistics.median(figures["first", name])
+        print(f"  first / warm: {first / statistics.median(figures['warm', name]):.1f}x")
+
+
+if __name__ == "__main__":
+    main()
