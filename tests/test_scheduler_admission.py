@@ -72,5 +72,8 @@ def test_a_request_failing_admission_fails_alone(tiny_loaded: Any) -> None:
     assert failed_tokens == []
     assert end.finish_reason == "length", end.error
     assert list(first.token_ids) + tokens == expected  # the batch went on, unchanged
-    assert counters.sequences_completed == 2  # both finished; no slot is left held
-    assert all(slot.state == "idle" for slot in slots)
+    assert all(slot.state == "idle" for slot in slots)  # no slot is left held
+    # "b" never started: counted as a request (an error), not as a started or completed
+    # sequence
+    assert (counters.requests_total, counters.sequences_started) == (2, 1)
+    assert counters.sequences_completed == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,89 @@ def test_metrics_and_cancellation_are_the_same_on_both_model_kinds(
     )
     assert {f: getattr(seen[2], f) for f in fields} == {f: getattr(expected[2], f) for f in fields}
     assert seen[2].requests_total == 1 and seen[2].sequences_started == 2
+
+
+def _fail_one_at_insert(
+    engine: Any, running: GenerationRequest, broken: GenerationRequest
+) -> tuple[list[int], GenerationEvent, Any]:
+    """Run `running`; while it decodes, `broken` fails as the engine puts it into the
+    batch: `running`'s tokens, `broken`'s last event, the counters."""
+    insert = engine._insert
+
+    def failing(generator: Any, job: Any, cache: Any) -> None:
+        if job.request is broken:
+            raise RuntimeError("no room for this sequence")
+        insert(generator, job, cache)
+
+    engine._insert = failing
+    sink: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+    engine.submit(running, sink.put)
+    first = sink.get(timeout=120)
+    failed = _drain(_submitted(engine, broken))
+    events = [first, *_drain(sink)]
+    assert events[-1].finish_reason == "length", events[-1].error
+    assert all(slot.state == "idle" for slot in engine.snapshot().slots)
+    return _tokens(events), failed[-1], engine.snapshot().counters
+
+
+def _submitted(engine: Any, request: GenerationRequest) -> queue.SimpleQueue[GenerationEvent]:
+    sink: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+    engine.submit(request, sink.put)
+    return sink
+
+
+def _engine_and_requests(
+    kind: str, vlm: Any, tiny_llama_dir: Path
+) -> tuple[Any, Callable[[int], GenerationRequest], GenerationRequest]:
+    """A two-slot engine of `kind`, a maker of its requests of n tokens, a text-only one."""
+    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.text.scheduler import TextEngine
+
+    if kind == "vision":
+
+        def picture(n: int) -> GenerationRequest:
+            return _request(vlm, "Describe it.", [_image((5, 90, 5))], n)
+
+        return VisionEngine(vlm, slots=2), picture, _request(vlm, "Hello.", [], 8)
+    model = load_model(str(tiny_llama_dir))
+    prompt = model.tokenizer.encode("tell a long story")
+
+    def text(n: int) -> GenerationRequest:
+        greedy = SamplingParams(temperature=0.0)
+        return GenerationRequest(
+            prompt_tokens=list(prompt), max_tokens=n, sampling=greedy, ignore_eos=True
+        )
+
+    return TextEngine(model, slots=2, context_per_slot=512), text, text(8)
+
+
+def test_a_failed_insert_fails_alone_and_counts_the_same_on_both_kinds(
+    vlm: Any, tiny_llama_dir: Path
+) -> None:
+    """A request failing as it joins the batch fails alone (the running one's tokens are
+    those it gets alone), and is a request but no started or completed sequence, on the
+    vision engine exactly as on the text engine."""
+    counted = ("requests_total", "sequences_started", "sequences_completed")
+    results = {}
+    for kind in ("vision", "text"):
+        engine, make, text_only = _engine_and_requests(kind, vlm, tiny_llama_dir)
+        try:
+            alone = _tokens(list(engine.generate(make(24))))
+            tokens, failed, counters = _fail_one_at_insert(engine, make(24), text_only)
+        finally:
+            engine.stop()
+        assert tokens == alone
+        assert failed.finish_reason == "error" and failed.error == "no room for this sequence"
+        results[kind] = {f: getattr(counters, f) for f in counted}
+    assert (
+        results["vision"]
+        == results["text"]
+        == {
+            "requests_total": 3,  # the one alone, the one beside, the failed one
+            "sequences_started": 2,
+            "sequences_completed": 2,
+        }
+    )
 
 
 def test_vision_requests_get_the_whole_token_pipeline(vlm: Any) -> None:

@@ -40,6 +40,7 @@ class RunningSequence:
     detok: IncrementalDetokenizer | None = None
     stopper: StopMatcher | None = None
     loop: LoopDetector | None = None
+    started: bool = False  # in the batch, or prefilling alone to join it (a started sequence)
     finished: bool = False
     flush: Callable[[], None] | None = None  # the sink's `flush`, if it has one
     sampler: Any = None

@@ -3,10 +3,11 @@
 `TextEngine` is the core for every model kind; `VisionEngine` (mlxcel.engine.vision.engine)
 is the same core with its own step inputs (`_step_model`: which model the batched step
 runs; `_start_cache`: how a prompt reaches the KV cache it starts from; `_cache_key`: how
-the prompt cache names it), so the queue, admission, sleep and the token pipeline below
-exist once. A request it holds is a `RunningSequence` (running_sequence.py); what it shows
-the observability routes is in engine_state.py; a token's log-probabilities come from
-token_logprobs.py.
+the prompt cache names it), so the queue, admission and sleep exist once; every sequence's
+tokens, whichever the kind, go through one `TokenPipeline` (token_pipeline.py: detokenizer,
+stops, loop detection, logprobs, token/progress/final events, the finish counters). A
+request it holds is a `RunningSequence` (running_sequence.py); what it shows the
+observability routes is in engine_state.py.
 
 Requests wait in a priority queue (`X-Priority`), are admitted into free slots, prefill
 in chunks while other slots decode, and every decoding slot advances in one batched
@@ -43,20 +44,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from mlxcel.config import process_env
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
-from mlxcel.engine.loading.model import LoadedModel
+from mlxcel.engine.loading.model import LoadedModel, ModelInfo
 from mlxcel.engine.process_memory import release_memory
 from mlxcel.engine.text.engine_state import EngineCounters, EngineSnapshot, SlotState
 from mlxcel.engine.text.memory_budget import AdmissionControl
-from mlxcel.engine.text.request import (
-    GenerationEvent,
-    GenerationRequest,
-    PromptProgress,
-    TokenLogprob,
-)
+from mlxcel.engine.text.request import FinishReason, GenerationEvent, GenerationRequest
 from mlxcel.engine.text.running_sequence import EventSink, RunningSequence
 from mlxcel.engine.text.sleep import (
     IdleSleep,
@@ -68,7 +64,8 @@ from mlxcel.engine.text.sleep import (
 )
 from mlxcel.engine.text.speculative import SpeculationConfig
 from mlxcel.engine.text.submission import iterate_events, token_budget
-from mlxcel.engine.text.token_logprobs import token_logprobs
+from mlxcel.engine.text.token_pipeline import TokenPipeline, count_finish
+from mlxcel.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from mlxcel.engine.text.kv_types import KVType
@@ -83,7 +80,21 @@ def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else ""
 
 
-class TextEngine(Sleeps):
+class EngineModel(Protocol):
+    """What the core reads of a loaded model (`LoadedModel`, `LoadedVisionModel`): the
+    network, its tokenizer and what it is. A dataclass: sleeping drops the network with
+    `dataclasses.replace`."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    model: Any
+    tokenizer: Tokenizer
+    info: ModelInfo
+
+
+LoadedT = TypeVar("LoadedT", bound=EngineModel)
+
+
+class TextEngine(Sleeps, Generic[LoadedT]):
     """Continuous-batching generation over one loaded model."""
 
     flushes_sinks = True
@@ -91,7 +102,7 @@ class TextEngine(Sleeps):
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        loaded: LoadedT,
         *,
         slots: int = 1,
         context_per_slot: int | None = None,
@@ -130,7 +141,7 @@ class TextEngine(Sleeps):
         self._thread: threading.Thread | None = None
         self._eos_stops: Any = None
         self._no_stops: Any = None
-        self._to_flush: set[Callable[[], None]] = set()  # engine thread only
+        self._pipeline = TokenPipeline(loaded.tokenizer)
         self._alone: list[RunningSequence] = []  # prefilling alone (engine thread only)
         self._spec: SpeculativeLane | None = None  # engine thread only
         self._batch_side = _BatchSide(self)  # the batch as the speculative lane sees it
@@ -243,7 +254,7 @@ class TextEngine(Sleeps):
         try:
             self._loop()
         finally:
-            self._flush_sinks()
+            self._pipeline.flush_sinks()
             # This thread's MLX streams must go before it ends, or MLX 0.32 can abort
             # in its teardown at exit ("terminate called without an active exception").
             mx.clear_streams()
@@ -253,7 +264,7 @@ class TextEngine(Sleeps):
         admitted: list[RunningSequence] = []
         job: RunningSequence | None = None
         while True:
-            self._flush_sinks()  # the last iteration's events go out before any wait
+            self._pipeline.flush_sinks()  # the last iteration's events go out before any wait
             with self._cond:
                 while not self._stopping and not self._pending and not self._running:
                     if self._cancelled:
@@ -368,6 +379,8 @@ class TextEngine(Sleeps):
         from mlxcel.engine.text.speculative.engine_lane import SpeculativeLane
         from mlxcel.engine.text.speculative.lane import Speculator
 
+        if not isinstance(self.loaded, LoadedModel):
+            raise ValueError("speculative decoding needs a text model")
         return SpeculativeLane(
             Speculator(speculation, self.loaded, prefill_chunk=self.prefill_chunk)
         )
@@ -407,16 +420,11 @@ class TextEngine(Sleeps):
 
     def _admit(self, generator: Any, job: RunningSequence) -> None:
         from mlxcel.engine.sampling.chain import make_sampling
-        from mlxcel.engine.text.loop_detection import LoopDetector
-        from mlxcel.engine.text.stops import StopMatcher
 
         request = job.request
         job.admitted = time.perf_counter()
-        prompt = request.prompt_tokens
         cache = self._start_cache(job)
-        job.detok = self.tokenizer.detokenizer(prompt, skip_special=request.skip_special)
-        job.stopper = StopMatcher(request.stop) if request.stop else None
-        job.loop = LoopDetector(request.loop) if request.loop is not None else None
+        self._pipeline.admit(job)
         if job.max_tokens == 0:
             self._finish(job, "length")
             return
@@ -447,14 +455,15 @@ class TextEngine(Sleeps):
             if fold:
                 processors = []
         job.processors = processors
-        self.counters.sequences_started += 1
-        self.counters.busy_slots_max = max(self.counters.busy_slots_max, len(self._running))
         if request.progress:
-            self._progress(job, 0)
+            self._pipeline.progress(job, 0)
         if job.prefilling_alone:  # its starting cache is built a piece per step first
             self._alone.append(job)
-            return
-        self._insert(generator, job, cache)
+        else:
+            self._insert(generator, job, cache)
+        job.started = True  # a failure before this point fails a request never started
+        self.counters.sequences_started += 1
+        self.counters.busy_slots_max = max(self.counters.busy_slots_max, len(self._running))
 
     def _insert(self, generator: Any, job: RunningSequence, cache: list[Any] | None) -> None:
         """Put `job` into the generator, starting from `cache` (`job.start_n` tokens)."""
@@ -516,7 +525,7 @@ class TextEngine(Sleeps):
                 done, todo = (int(x) for x in p.progress)
                 # All but the last token processed is the prompt done: the generator takes
                 # that one into the first decode step (one report per chunk, as llama-server).
-                self._progress(job, done, p.end_of_prompt or done >= todo - 1)
+                self._pipeline.progress(job, done, p.end_of_prompt or done >= todo - 1)
         self._count_step(stats, len(responses), bool(prompt_responses))
         if self.kv_pool is not None and self._pool_exhausted(generator, responses):
             return
@@ -560,42 +569,19 @@ class TextEngine(Sleeps):
         c.busy_slots_per_decode_total += n_decoded
 
     def _on_token(self, generator: Any, job: RunningSequence, r: Any, now: float) -> None:
-        if job.n_generated == 0:
-            job.first_token = now
-            job.prefilled = True
-        job.n_generated += 1
+        """One token of `job` from the batch or the speculative lane, through the pipeline;
+        the sequence leaves the batch when it ends there."""
         self.counters.decode_tokens_total += 1
-        token = int(r.token)
-        detok = job.detok
-        assert detok is not None  # set at admission
         if job.spec is not None:
-            job.spec.history.append(token)
+            job.spec.history.append(int(r.token))
         if r.finish_reason is not None:  # the generator dropped it: keep its KV for reuse
             self._store_prompt_cache(job, r.all_tokens, r.prompt_cache)
-        if r.finish_reason == "stop":  # an end-of-generation token: not part of the output
-            job.n_generated -= 1
-            self._finish(job, "stop", tail=detok.flush())
+        ending = self._pipeline.token(job, int(r.token), r.finish_reason, r.logprobs, now)
+        if ending is None:
             return
-        text = detok.add(token)
-        logprobs = token_logprobs(job, r.logprobs, token)
-        stopper = job.stopper
-        if stopper is not None and text:
-            text, stop_hit = stopper.feed(text)
-            if stop_hit:
-                self._emit(job, text, token, logprobs)
-                self._remove(generator, job)
-                self._finish(job, "stop", stop_word=stopper.matched)
-                return
-        if job.loop is not None and job.loop.push(token):
-            self._emit(job, text, token, logprobs)
+        if ending.in_generator:
             self._remove(generator, job)
-            self._finish(job, "stop", tail=self._flush_text(job))
-            return
-        if r.finish_reason == "length":
-            self._emit(job, text, token, logprobs)
-            self._finish(job, "length", tail=self._flush_text(job))
-            return
-        self._emit(job, text, token, logprobs)
+        self._finish(job, ending.reason, tail=ending.tail, stop_word=ending.stop_word)
 
     def _caching(self, job: RunningSequence) -> bool:
         return self.prompt_cache is not None and job.request.cache_prompt
@@ -621,68 +607,15 @@ class TextEngine(Sleeps):
         if not self._caching(job) or not tokens or not cache:
             return
         try:
-            self.prompt_cache.insert(self._cache_key(job, list(tokens)), list(cache))
+            key = self._cache_key(job, list(tokens))
+            self.prompt_cache.insert(key, list(cache), slot=job.slot)
         except Exception:  # a cache failure must never fail the request
             log.exception("prompt cache insert failed")
-
-    def _flush_text(self, job: RunningSequence) -> str:
-        assert job.detok is not None  # set at admission
-        tail = job.detok.flush()
-        if job.stopper is not None:
-            held, hit = job.stopper.feed(tail) if tail else ("", False)
-            return held if hit else held + job.stopper.flush()
-        return tail
-
-    def _flush_sinks(self) -> None:
-        """Call `flush()` once on every sink that got events since the last call."""
-        if not self._to_flush:
-            return
-        flushes, self._to_flush = self._to_flush, set()
-        for flush in flushes:
-            try:
-                flush()
-            except Exception:  # a sink's failure must not stop the engine
-                log.exception("event sink flush failed")
-
-    def _emit(
-        self, job: RunningSequence, text: str, token: int, logprobs: tuple[TokenLogprob, ...]
-    ) -> None:
-        if job.flush is not None:
-            self._to_flush.add(job.flush)
-        job.sink(
-            GenerationEvent(
-                request_id=job.request.request_id,
-                text=text,
-                token_ids=(token,),
-                logprobs=logprobs,
-                slot=job.slot,
-                timings=job.timings(time.perf_counter()) if job.request.timings_per_token else None,
-            )
-        )
-
-    def _progress(self, job: RunningSequence, done: int, complete: bool = False) -> None:
-        """Send a prefill progress event: `done` of the uncached prompt tokens processed
-        (none when it would repeat the last one)."""
-        total = len(job.request.prompt_tokens)
-        processed = total if complete else min(total, job.start_n + done)
-        if processed <= job.progress_sent:
-            return
-        job.progress_sent = processed
-        elapsed = (time.perf_counter() - job.admitted) * 1000 if job.admitted else 0.0
-        if job.flush is not None:
-            self._to_flush.add(job.flush)
-        job.sink(
-            GenerationEvent(
-                request_id=job.request.request_id,
-                slot=job.slot,
-                progress=PromptProgress(total, job.cache_n, processed, elapsed),
-            )
-        )
 
     def _finish(
         self,
         job: RunningSequence,
-        reason: Any,
+        reason: FinishReason,
         *,
         tail: str = "",
         error: str | None = None,
@@ -696,13 +629,6 @@ class TextEngine(Sleeps):
         if job.prefilling_alone:
             self._alone.remove(job)
         end = time.perf_counter()
-        timings = job.timings(end)
-        spec = job.spec
-        if spec is not None and spec.draft_rounds:
-            timings.draft_n = spec.draft_n
-            timings.draft_n_accepted = spec.draft_n_accepted
-            timings.draft_rounds = spec.draft_rounds
-            timings.draft_kind = spec.kind
         if self._rows is not None and job.uid >= 0:
             self._rows.remove(job.uid)
         with self._cond:
@@ -713,31 +639,8 @@ class TextEngine(Sleeps):
             self._jobs.pop(job.request.request_id, None)
             if self._sleep is not None:
                 self._sleep.touch()
-            if reason != "cancelled":
-                c = self.counters
-                c.requests_total += 1
-                c.sequences_completed += 1
-                c.prompt_tokens_total += len(job.request.prompt_tokens)
-                c.completion_tokens_total += job.n_generated
-                c.generation_seconds_total += end - (job.admitted or end)
-                c.n_tokens_max = max(
-                    c.n_tokens_max, len(job.request.prompt_tokens) + job.n_generated
-                )
-        if job.flush is not None:
-            self._to_flush.add(job.flush)
-        job.sink(
-            GenerationEvent(
-                request_id=job.request.request_id,
-                text=tail,
-                finish_reason=reason,
-                prompt_tokens=len(job.request.prompt_tokens),
-                completion_tokens=job.n_generated,
-                timings=timings,
-                error=error,
-                slot=job.slot,
-                stop_word=stop_word,
-            )
-        )
+            count_finish(self.counters, job, reason, end)
+        self._pipeline.finish(job, reason, end, tail=tail, error=error, stop_word=stop_word)
 
     def _drop_cancelled(self, generator: Any, cancelled: set[str]) -> None:
         if not cancelled:

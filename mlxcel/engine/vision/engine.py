@@ -50,7 +50,7 @@ MEDIA_DELTAS_KEPT = 1024
 """Media sets whose position delta is remembered, for follow-ups served by the cache."""
 
 
-class VisionEngine(TextEngine):
+class VisionEngine(TextEngine[LoadedVisionModel]):
     """Continuous-batching generation over one mlx-vlm model (images, video, audio)."""
 
     def __init__(
@@ -68,7 +68,7 @@ class VisionEngine(TextEngine):
         sleep: IdleSleep | None = None,
     ) -> None:
         super().__init__(
-            loaded,  # type: ignore[arg-type]  # the core reads .model, .tokenizer, .info
+            loaded,
             slots=slots,
             context_per_slot=context_per_slot,
             kv_pool=kv_pool,
@@ -88,7 +88,7 @@ class VisionEngine(TextEngine):
 
     @property
     def modalities(self) -> frozenset[str]:
-        return self.loaded.modalities  # type: ignore[attr-defined, no-any-return]
+        return self.loaded.modalities
 
     def check_media(self, inputs: VisionInputs) -> None:
         """Refuse media kinds this model does not take (InvalidRequestError, a 400)."""
@@ -117,7 +117,7 @@ class VisionEngine(TextEngine):
         with self._prepare_lock:  # processors keep state; one call at a time
             try:
                 out = prepare_inputs(
-                    self.loaded.processor,  # type: ignore[attr-defined]
+                    self.loaded.processor,
                     images=inputs.images or None,
                     audio=inputs.audio or None,
                     videos=inputs.videos or None,
@@ -224,7 +224,7 @@ class VisionEngine(TextEngine):
         c.prompt_seconds_total += time.perf_counter() - began
         c.prefill_chunks += int(prefill.position > before)
         if job.request.progress:
-            self._progress(job, prefill.position - job.start_n)
+            self._pipeline.progress(job, prefill.position - job.start_n)
         if not complete:
             return None
         del self._media_prefills[job.request.request_id]
