@@ -450,3 +450,51 @@ def test_a_vision_model_is_routed_with_its_images(models_dir: Path, tmp_path: Pa
             assert chat(client, "chat-a", messages=message).status_code == 400
     finally:
         server.stop()
+
+
+def test_whisper_tts_and_image_models_are_routed(
+    models_dir: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Uploads name their model in the form (as the openai SDK sends it), JSON bodies in
+    `model`; each goes to its own worker, and a route another kind of model serves is a 400."""
+    pytest.importorskip("mflux", reason="image generation needs the image extra (mflux)")
+    from fixtures.audio import speech_wav, tiny_kokoro_dir, tiny_whisper_dir
+    from fixtures.tiny_image import png_size, subprocess_env, tiny_pipeline_dir
+    from openai import BadRequestError, OpenAI
+
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "chat-a").symlink_to(models_dir / "chat-a")
+    (root / "whisper").symlink_to(tiny_whisper_dir())
+    (root / "kokoro").symlink_to(tiny_kokoro_dir())
+    (root / "z-image").symlink_to(tiny_pipeline_dir(tmp_path_factory.getbasetemp(), "z-image"))
+    server = serve(root, env=subprocess_env())
+    try:
+        with server.client() as client:
+            kinds = {m["id"]: m["kind"] for m in client.get("/models").json()["data"]}
+        assert kinds == {
+            "chat-a": "text", "kokoro": "speech", "whisper": "transcription", "z-image": "image"
+        }  # fmt: skip
+        sdk = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+        wav = speech_wav().read_bytes()
+        text = sdk.audio.transcriptions.create(model="whisper", file=("speech.wav", wav))
+        assert isinstance(text.text, str)
+        audio = sdk.audio.speech.create(
+            model="kokoro", voice="alloy", input="[[hˈI]]", response_format="wav"
+        )
+        assert audio.content[:4] == b"RIFF" and len(audio.content) > 44
+        picture = sdk.images.generate(
+            model="z-image", prompt="a red cat", size="32x16", response_format="b64_json",
+            extra_body={"seed": 7, "steps": 2},
+        )  # fmt: skip
+        import base64
+
+        assert png_size(base64.b64decode(str(picture.data[0].b64_json))) == (32, 16)
+        with pytest.raises(BadRequestError, match="cannot serve transcriptions"):
+            sdk.audio.transcriptions.create(model="chat-a", file=("speech.wav", wav))
+        with pytest.raises(BadRequestError, match="kokoro"):  # names who can
+            sdk.audio.speech.create(model="whisper", voice="alloy", input="hi")
+        with pytest.raises(BadRequestError, match="cannot serve chat"):
+            sdk.chat.completions.create(model="z-image", messages=CHAT)  # type: ignore[arg-type]
+    finally:
+        server.stop()

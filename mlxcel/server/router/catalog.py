@@ -31,6 +31,9 @@ class ModelKind(str, enum.Enum):
     VISION = "vision"  # chat with images, video or audio inputs (mlx-vlm)
     EMBEDDING = "embedding"  # an encoder: embeddings, and rerank by cosine
     RERANK = "rerank"  # a cross-encoder: rerank only
+    TRANSCRIPTION = "transcription"  # Whisper: transcriptions and translations
+    SPEECH = "speech"  # Kokoro: text to speech
+    IMAGE = "image"  # an mflux pipeline: image generations and edits
 
     @property
     def uses(self) -> frozenset[str]:
@@ -43,7 +46,16 @@ _USES = {
     ModelKind.VISION: frozenset({"chat"}),
     ModelKind.EMBEDDING: frozenset({"embeddings", "rerank"}),
     ModelKind.RERANK: frozenset({"rerank"}),
+    ModelKind.TRANSCRIPTION: frozenset({"transcription"}),
+    ModelKind.SPEECH: frozenset({"speech"}),
+    ModelKind.IMAGE: frozenset({"images"}),
 }
+_SIDE_MODEL_FIELD = {
+    ModelKind.TRANSCRIPTION: "audio_model",
+    ModelKind.SPEECH: "tts_model",
+    ModelKind.IMAGE: "image_model",
+}
+"""The setting that loads a model of this kind on a server without a chat model."""
 
 
 @dataclass(frozen=True)
@@ -138,9 +150,10 @@ def scan_models_dir(root: Path) -> dict[str, str]:
 
 
 def _model_in_dir(path: Path) -> str | None:
-    """The reference of the model directory `path`: itself when it holds a config.json,
-    else its GGUF file (the first shard of a split one, never an `mmproj` file)."""
-    if (path / "config.json").is_file():
+    """The reference of the model directory `path`: itself when it holds a config.json (or
+    a diffusers model_index.json), else its GGUF file (the first shard of a split one,
+    never an `mmproj` file)."""
+    if (path / "config.json").is_file() or (path / "model_index.json").is_file():
         return str(path)
     ggufs = sorted(p for p in path.glob("*.gguf") if "mmproj" not in p.name)
     shards = [p for p in ggufs if "-00001-of-" in p.name]
@@ -178,6 +191,8 @@ def _entry(
     values.update(model=ref, alias=name, models_dir=None, models_preset=None)
     if kind in (ModelKind.EMBEDDING, ModelKind.RERANK):
         values.update(embedding=kind is ModelKind.EMBEDDING, reranking=True)
+    if kind in _SIDE_MODEL_FIELD:
+        values.update({"model": None, _SIDE_MODEL_FIELD[kind]: ref})
     try:
         settings = Settings.model_validate(values)
     except ValueError as exc:
@@ -210,6 +225,9 @@ def model_kind(ref: str) -> ModelKind:
     from mlxcel.engine.embeddings.loader import is_encoder_model
     from mlxcel.engine.vision.loader import vision_model_path
 
+    side = _side_model_kind(ref)
+    if side is not None:
+        return side
     if is_encoder_model(ref):
         config = Path(ref) / "config.json"
         if config.is_file():
@@ -223,6 +241,31 @@ def model_kind(ref: str) -> ModelKind:
     if vision_model_path(ref) is not None:
         return ModelKind.VISION
     return ModelKind.TEXT
+
+
+def _side_model_kind(ref: str) -> ModelKind | None:
+    """An image, text-to-speech or Whisper model directory's kind (None: none of those)."""
+    from mlxcel.engine.audio.tts import is_kokoro_dir
+    from mlxcel.engine.audio.whisper import locate_whisper
+    from mlxcel.engine.errors import ModelLoadError
+    from mlxcel.engine.image.families import detect_family
+
+    path = Path(ref).expanduser()
+    if not path.is_dir():
+        return None
+    if (path / "model_index.json").is_file():
+        try:
+            detect_family(path)
+            return ModelKind.IMAGE
+        except (ModelLoadError, OSError, ValueError):
+            return None
+    if is_kokoro_dir(path):
+        return ModelKind.SPEECH
+    try:
+        locate_whisper(str(path))
+    except ModelLoadError:
+        return None
+    return ModelKind.TRANSCRIPTION
 
 
 def weight_bytes(ref: str) -> int:

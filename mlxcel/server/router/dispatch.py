@@ -1,19 +1,21 @@
 """Route each request of a router server to its model's app.
 
-A POST body names its model in `model` (a JSON body; `?model=` otherwise), a GET in
-`?model=`. The name may be an alias. Before anything loads, a request is refused (400, the
-OpenAI error shape, or Anthropic's on the Messages routes) when it names no model, an unknown
-one (the message lists the models there are), a model that cannot serve the route (an
-embedding model asked to chat), or a model that is not loaded while autoload is off
-(`--no-models-autoload`, or `?autoload=false` on the request). Otherwise the model is
-loaded if needed (the request waits for it, at most `--timeout` seconds: 503 past that),
-and the request goes to the model's own app with its body unchanged.
+A POST body names its model in `model` (a JSON body's field or a form's, as an upload
+sends it; `?model=` otherwise), a GET in `?model=`. The name may be an alias. Before
+anything loads, a request is refused (400, the OpenAI error shape, or Anthropic's on the
+Messages routes) when it names no model, an unknown one (the message lists the models there
+are), a model that cannot serve the route (an embedding model asked to chat), or a model
+that is not loaded while autoload is off (`--no-models-autoload`, or `?autoload=false` on
+the request). Otherwise the model is loaded if needed (the request waits for it, at most
+`--timeout` seconds: 503 past that), and the request goes to the model's own app with its
+body unchanged.
 """
 
 from __future__ import annotations
 
 from urllib.parse import parse_qs
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxcel.server.errors import (
@@ -38,7 +40,16 @@ from mlxcel.server.router.pool import (
 _USE_BY_PATH = (
     (("/v1/embeddings", "/embedding", "/embeddings"), "embeddings"),
     (("/v1/rerank", "/v1/reranking", "/rerank", "/reranking"), "rerank"),
-    (("/v1/audio/", "/audio/"), "audio"),
+    (
+        (
+            "/v1/audio/transcriptions",
+            "/audio/transcriptions",
+            "/v1/audio/translations",
+            "/audio/translations",
+        ),
+        "transcription",
+    ),
+    (("/v1/audio/speech", "/audio/speech"), "speech"),
     (("/v1/images/", "/images/"), "images"),
 )
 _ANY_MODEL = ("/props", "/metrics", "/slots", "/v1/cache/stats", "/v1/cache/reset")
@@ -46,14 +57,15 @@ _USE_NAMES = {
     "chat": "chat and text generation",
     "embeddings": "embeddings",
     "rerank": "reranking",
-    "audio": "audio",
+    "transcription": "transcriptions",
+    "speech": "speech",
     "images": "image generation",
 }
 
 
 def request_use(path: str) -> str | None:
-    """What a route asks of its model: chat, embeddings, rerank, audio or images (None: any
-    model answers it, as `/props`, `/metrics` and `/slots`)."""
+    """What a route asks of its model: chat, embeddings, rerank, transcription, speech or
+    images (None: any model answers it, as `/props`, `/metrics` and `/slots`)."""
     if path in _ANY_MODEL:
         return None
     for routes, use in _USE_BY_PATH:
@@ -152,7 +164,11 @@ class RouterDispatch:
                 if not message.get("more_body", False):
                     break
             raw = b"".join(chunks)
-            if _is_json(scope) and raw.strip():
+            if _is_form(scope):
+                name = await _form_model(scope, raw)
+                if name:
+                    return name
+            elif raw.strip():
                 payload = decode_json_body(raw)
                 if isinstance(payload, dict) and isinstance(payload.get("model"), str):
                     return str(payload["model"])
@@ -200,11 +216,35 @@ def _router_route(scope: Scope, path: str, query: dict[str, list[str]]) -> bool:
     return path == "/props" and method == "GET" and not query.get("model")
 
 
-def _is_json(scope: Scope) -> bool:
+def _is_form(scope: Scope) -> bool:
+    """Whether the body is a form (an upload) rather than JSON."""
     for key, value in scope.get("headers") or []:
         if key.lower() == b"content-type":
-            return b"multipart/" not in value.lower() and b"form-urlencoded" not in value.lower()
-    return True
+            return b"multipart/form-data" in value.lower() or b"form-urlencoded" in value.lower()
+    return False
+
+
+async def _form_model(scope: Scope, raw: bytes) -> str | None:
+    """The `model` field of a form body (None: none, or not a readable form)."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    request = Request(scope, receive)
+    try:
+        form = await request.form(max_files=16, max_fields=64)
+    except Exception:  # noqa: BLE001 - a malformed form: the route itself answers 400
+        return None
+    try:
+        value = form.get("model")
+        return value if isinstance(value, str) and value else None
+    finally:
+        await form.close()
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -24,7 +24,17 @@ from mlxcel.server.state import ServerState
 
 router = APIRouter()
 
-_INPUTS = {ModelKind.VISION: ["text", "image"]}
+_INPUTS = {
+    ModelKind.VISION: ["text", "image"],
+    ModelKind.TRANSCRIPTION: ["audio"],
+    ModelKind.IMAGE: ["text", "image"],
+}
+_OUTPUTS = {
+    ModelKind.EMBEDDING: [],
+    ModelKind.RERANK: [],
+    ModelKind.SPEECH: ["audio"],
+    ModelKind.IMAGE: ["image"],
+}
 
 
 def _pool(request: Request) -> ModelPool:
@@ -55,7 +65,7 @@ def model_object(model: RoutedModel, created: int) -> dict[str, Any]:
         "source": entry.source,
         "architecture": {
             "input_modalities": _INPUTS.get(entry.kind, ["text"]),
-            "output_modalities": ["text"] if entry.kind.uses & {"chat"} else [],
+            "output_modalities": _OUTPUTS.get(entry.kind, ["text"]),
         },
     }
 
