@@ -1,0 +1,45 @@
+"""bench/gguf_memory.py: where RSS goes after a GGUF load (no memory figure asserted)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "gguf_memory.py"
+
+
+def test_prints_both_loads_and_a_breakdown_that_adds_up(tmp_path: Path) -> None:
+    from fixtures.tiny_gemma3 import write_tiny_gemma3_gguf
+
+    path, _ = write_tiny_gemma3_gguf(tmp_path / "tiny-gemma3.Q8_0.gguf", "Q8_0")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "-m", str(path), "--cpu-dtype", "keep"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    size = path.stat().st_size
+    assert f"{size:,} bytes" in out
+    for load in ("converting", "from the store"):
+        row = re.search(rf"^{load} +([\d.]+) MiB +([\d.]+)x +([\d.]+) MiB +([\d.]+)x", out, re.M)
+        assert row, out
+        rss, rss_ratio, mlx, mlx_ratio = map(float, row.groups())
+        assert abs(rss * 2**20 / size - rss_ratio) <= 0.01 * rss_ratio + 0.01
+        assert abs(mlx * 2**20 / size - mlx_ratio) <= 0.01 * mlx_ratio + 0.01
+    heading = re.search(r"RSS after a load from the store, ([\d.]+) MiB", out)
+    assert heading, out
+    total = float(heading.group(1))
+    parts = [float(v) for v in re.findall(r"^  .+? +(-?[\d.]+) MiB", out, re.M)]
+    assert len(parts) == 4 and abs(sum(parts) - total) <= 0.3, out
+    assert parts[0] > 20  # the runtime: Python, MLX, transformers
+    assert "Tokenizer.from_file" in out and "read_tokenizer_json" in out
+    for name in ("RSS", "MLX active"):
+        assert re.search(
+            rf"^{name} after load: [\d.]+x the file, target <= 1.3x: (met|not met)$", out, re.M
+        )
