@@ -207,6 +207,24 @@ def test_the_openai_sdk_switches_models(router: ServeProcess) -> None:
     assert "chat-a" in str(caught.value)
 
 
+def test_the_anthropic_sdk_lists_and_uses_the_models(router: ServeProcess) -> None:
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=router.url, api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["chat-a", "chat-b", "embed"]
+    assert client.models.retrieve("chat-b").id == "chat-b"
+    message = client.messages.create(
+        model="chat-b", max_tokens=3, messages=[{"role": "user", "content": "Hello"}]
+    )
+    assert message.type == "message" and message.content
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(
+            model="claude-x", max_tokens=3, messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert "chat-a" in str(caught.value)
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("claude-x")
+
+
 def test_requests_flow_to_two_models_while_a_third_loads(
     models_dir: Path, smollm2_gguf: Path, tmp_path: Path
 ) -> None:

@@ -42,22 +42,36 @@ def model_object(state: ServerState) -> dict[str, Any]:
     }
 
 
-def anthropic_model_object(state: ServerState) -> dict[str, Any]:
-    """The served model as Anthropic's model object."""
-    display = state.model_info.name if state.model_info is not None else state.model_name
-    started = datetime.fromtimestamp(int(state.started), tz=timezone.utc)
+def anthropic_model(model_id: str, display_name: str, created: float) -> dict[str, Any]:
+    """Anthropic's model object (`created`: a Unix time)."""
+    started = datetime.fromtimestamp(int(created), tz=timezone.utc)
     return {
         "type": "model",
-        "id": state.model_name,
-        "display_name": display,
+        "id": model_id,
+        "display_name": display_name,
         "created_at": started.isoformat().replace("+00:00", "Z"),
     }
 
 
+def anthropic_list(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Anthropic's model list: one page holding `entries` (at least one)."""
+    return {
+        "data": entries,
+        "has_more": False,
+        "first_id": entries[0]["id"],
+        "last_id": entries[-1]["id"],
+    }
+
+
+def anthropic_model_object(state: ServerState) -> dict[str, Any]:
+    """The served model as Anthropic's model object."""
+    display = state.model_info.name if state.model_info is not None else state.model_name
+    return anthropic_model(state.model_name, display, state.started)
+
+
 def anthropic_models_payload(state: ServerState) -> dict[str, Any]:
     """Anthropic's model list (one page holding the one model)."""
-    entry = anthropic_model_object(state)
-    return {"data": [entry], "has_more": False, "first_id": entry["id"], "last_id": entry["id"]}
+    return anthropic_list([anthropic_model_object(state)])
 
 
 def served_names(state: ServerState) -> set[str]:

@@ -14,9 +14,15 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse
 
 from mlxcel import __version__
-from mlxcel.server.errors import RETRY_AFTER_SECONDS, APIError, install_error_handlers
+from mlxcel.server.errors import (
+    RETRY_AFTER_SECONDS,
+    APIError,
+    anthropic_error_body,
+    install_error_handlers,
+)
 from mlxcel.server.health import is_draining
 from mlxcel.server.json_body import decode_json_body
+from mlxcel.server.models_route import anthropic_list, anthropic_model, wants_anthropic
 from mlxcel.server.router.catalog import ModelKind
 from mlxcel.server.router.dispatch import checkout, unknown_model
 from mlxcel.server.router.pool import ModelPool, ModelStatus, RoutedModel
@@ -73,25 +79,30 @@ def model_object(model: RoutedModel, created: int) -> dict[str, Any]:
 @router.get("/v1/models")
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """Every model of the router with its status."""
+    """Every model of the router with its status (Anthropic's list to its SDK)."""
     created = int(request.app.state.mlxcel.started)
-    return {
-        "object": "list",
-        "data": [model_object(m, created) for m in _pool(request).models],
-    }
+    models = _pool(request).models
+    if wants_anthropic(request):
+        names = [m.entry.name for m in models]
+        return anthropic_list([anthropic_model(name, name, created) for name in names])
+    return {"object": "list", "data": [model_object(m, created) for m in models]}
 
 
-@router.get("/v1/models/{model_id:path}")
-@router.get("/models/{model_id:path}")
-async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
+@router.get("/v1/models/{model_id:path}", response_model=None)
+@router.get("/models/{model_id:path}", response_model=None)
+async def retrieve_model(model_id: str, request: Request) -> dict[str, Any] | JSONResponse:
     """The model `model_id` names (its name or an alias); 404 otherwise."""
     model = _pool(request).find(model_id)
+    created = int(request.app.state.mlxcel.started)
+    anthropic = wants_anthropic(request)
     if model is None:
-        raise APIError(
-            404, f"The model '{model_id}' does not exist", code="model_not_found",
-            extra={"param": "model"},
-        )  # fmt: skip
-    return model_object(model, int(request.app.state.mlxcel.started))
+        message = f"The model '{model_id[:200]}' does not exist"
+        if anthropic:
+            return JSONResponse(anthropic_error_body(message, 404), status_code=404)
+        raise APIError(404, message, code="model_not_found", extra={"param": "model"})
+    if anthropic:
+        return anthropic_model(model.entry.name, model.entry.name, created)
+    return model_object(model, created)
 
 
 async def _named(request: Request) -> RoutedModel:
