@@ -516,3 +516,71 @@ def test_whisper_tts_and_image_models_are_routed(
             sdk.chat.completions.create(model="z-image", messages=CHAT)  # type: ignore[arg-type]
     finally:
         server.stop()
+
+
+def test_api_keys_guard_the_router_before_any_load(models_dir: Path) -> None:
+    server = serve(models_dir, "--api-key", "sk-router")
+    try:
+        with server.client() as client:
+            refused = chat(client, "chat-a")
+            assert refused.status_code == 401
+            assert client.post("/models/load", json={"model": "chat-a"}).status_code == 401
+            assert client.get("/models").status_code == 200  # keyless, as llama-server
+            assert statuses(client)["chat-a"] == "unloaded"
+            auth = {"Authorization": "Bearer sk-router"}
+            ok = client.post(
+                "/v1/chat/completions",
+                headers=auth,
+                json={"model": "chat-a", "messages": CHAT, "max_tokens": 2},
+            )
+            assert ok.status_code == 200
+    finally:
+        server.stop()
+
+
+def test_sigterm_drains_the_requests_of_every_model(models_dir: Path) -> None:
+    import contextlib
+    import json
+    import signal
+
+    server = serve(models_dir, "--no-warmup")
+    results: list[tuple[int, int]] = []
+    started = threading.Event()
+
+    def stream(model: str) -> None:
+        body = {"model": model, "prompt": "Once", "n_predict": 48, "stream": True}
+        body["ignore_eos"] = True
+        with (
+            httpx.Client(base_url=server.url, timeout=120) as client,
+            client.stream("POST", "/completion", json=body) as response,
+        ):
+            predicted = -1
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    started.set()
+                    if event.get("stop"):
+                        predicted = int(event.get("tokens_predicted", -1))
+            results.append((response.status_code, predicted))
+
+    try:
+        threads = [threading.Thread(target=stream, args=(m,)) for m in ("chat-a", "chat-b")]
+        for thread in threads:
+            thread.start()
+        assert started.wait(60), server.stderr
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        health: list[int] = []
+        while any(t.is_alive() for t in threads):
+            with contextlib.suppress(httpx.HTTPError):
+                health.append(httpx.get(f"{server.url}/health", timeout=2).status_code)
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join(30)
+        code = server.wait_exit(30)
+    finally:
+        server.stop()
+    assert code == 0, server.stderr
+    assert sorted(results) == [(200, 48), (200, 48)], results
+    assert 503 in health  # draining while they finished
+    assert "Traceback" not in server.stderr
