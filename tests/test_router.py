@@ -584,3 +584,38 @@ def test_sigterm_drains_the_requests_of_every_model(models_dir: Path) -> None:
     assert sorted(results) == [(200, 48), (200, 48)], results
     assert 503 in health  # draining while they finished
     assert "Traceback" not in server.stderr
+
+
+def test_hostile_requests_and_a_broken_model_get_one_line_answers(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "chat-a").symlink_to(models_dir / "chat-a")
+    (root / "broken.gguf").write_bytes(b"GGUF" + b"\x00" * 64)
+    server = serve(root)
+    try:
+        assert "broken" in server.stderr  # warned at start, still listed
+        with server.client() as client:
+            assert [m["id"] for m in client.get("/models").json()["data"]] == ["broken", "chat-a"]
+            failed = chat(client, "broken")
+            assert failed.status_code == 500 and "broken" in failed.json()["error"]["message"]
+            listed = {m["id"]: m["status"] for m in client.get("/models").json()["data"]}
+            assert listed["broken"] == {**listed["broken"], "value": "unloaded", "failed": True}
+            for body in ({"model": ["chat-a"]}, {"model": 7}, ["chat-a"], "chat-a"):
+                response = client.post("/v1/chat/completions", json=body)
+                assert response.status_code == 400, (body, response.text)
+            deep = b'{"model": "chat-a", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+            nested = client.post(
+                "/v1/chat/completions", content=deep, headers={"content-type": "application/json"}
+            )
+            assert nested.status_code == 400
+            odd = client.get("/slots?model=%ff%fe%00")
+            assert odd.status_code == 400 and odd.json()["error"]["code"] == "model_not_found"
+            long_name = chat(client, "x" * 20000)
+            assert long_name.status_code in (400, 413)
+            assert len(long_name.text) < 2000
+            assert chat(client, "chat-a").status_code == 200  # still serving
+    finally:
+        server.stop()
+    assert "Traceback" not in server.stderr
