@@ -1322,8 +1322,8 @@ inline Vec kv_load(const KvHead& h, int64_t s, int j) {
     }
     const int64_t g = j * 16 / h.group_size;
     const Vec q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
-    return _mm512_fmadd_ps(q, _mm512_set1_ps(half_to_float(h.scales[s * h.sstride + g])),
-                           _mm512_set1_ps(half_to_float(h.biases[s * h.bstride + g])));
+    return _mm512_fmadd_ps(q, _mm512_set1_ps(_cvtsh_ss(h.scales[s * h.sstride + g])),
+                           _mm512_set1_ps(_cvtsh_ss(h.biases[s * h.bstride + g])));
   }
 #else
   if constexpr (KIND == kKvF32) {
