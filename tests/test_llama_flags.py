@@ -186,6 +186,7 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "timeout": ("60", 60),
     "sse_ping_interval": ("10", 10),
     "media_path": ("/media", "/media"),
+    "slot_save_path": ("/slots", "/slots"),
     "reasoning_format": ("none", "none"),
     "reasoning_budget": ("0", 0),
     "reasoning": ("off", "off"),

@@ -297,6 +297,8 @@ def test_slots_decoding_and_queued(server: ServeProcess, http: httpx.Client) -> 
 
 
 def test_slot_actions(http: httpx.Client) -> None:
+    first = http.post("/slots/0", params={"action": "erase"}).json()  # what slot 0 held
+    assert first["id_slot"] == 0 and first["n_erased"] >= 0
     assert http.post("/slots/0", params={"action": "erase"}).json() == {
         "id_slot": 0,
         "n_erased": 0,

@@ -486,7 +486,7 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
     (_SERVER, "--slots, --no-slots", "LLAMA_ARG_ENDPOINT_SLOTS", "enabled",
         sup("slots")),
     (_SERVER, "--slot-save-path PATH", "", "disabled",
-        ref("saving and restoring slots is not supported")),
+        sup("slot_save_path")),
     (_SERVER, "--media-path PATH", "", "disabled",
         sup("media_path")),
     (_SERVER, "--models-dir PATH", "LLAMA_ARG_MODELS_DIR", "disabled",

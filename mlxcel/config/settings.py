@@ -466,6 +466,12 @@ class Settings(BaseModel):
         env="MLXCEL_MEDIA_PATH",
         group="server",
     )
+    slot_save_path: str | None = _f(
+        None,
+        "Directory for POST /slots/{id}?action=save|restore files (unset: slots cannot be saved)",
+        env="MLXCEL_SLOT_SAVE_PATH",
+        group="server",
+    )
     video_max_frames: int = _f(
         8,
         "Frames sampled from a video for vision models without a native video path",

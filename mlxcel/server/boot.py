@@ -123,6 +123,20 @@ def kv_cache_type(settings: Settings, model: object | None = None) -> KVType:
         raise SettingsError(str(exc)) from None
 
 
+def check_slot_save_path(settings: Settings) -> None:
+    """Create `--slot-save-path` if it is missing (SettingsError when it cannot be a
+    directory)."""
+    from mlxcel.config import SettingsError
+
+    if not settings.slot_save_path:
+        return
+    path = Path(settings.slot_save_path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingsError(f"--slot-save-path: cannot use {path}: {exc.strerror or exc}") from None
+
+
 def check_settings(settings: Settings) -> None:
     """Refuse, reading no weights, what would make loading fail: an unreadable template
     file, an invalid memory budget or sampling option, KV cache types that differ
@@ -130,6 +144,7 @@ def check_settings(settings: Settings) -> None:
     naming the flag)."""
     chat_template_text(settings)
     kv_cache_type(settings)
+    check_slot_save_path(settings)
     check_memory_budget_setting()
     check_sampling_defaults(settings)
     check_models(settings)

@@ -401,13 +401,16 @@ def _ints(a: mx.array) -> list[int]:
 
 
 def typed_cache(cache: list[Any], kv: KVType | None) -> list[Any]:
-    """`cache` (fresh, from `make_prompt_cache`) with its KV layers of type `kv`, in place;
-    None keeps mlx-lm's classes and the model's dtype."""
+    """`cache` (fresh from `make_prompt_cache`, or read by `load_prompt_cache` from a file
+    saved in type `kv`) with its KV layers of type `kv`, in place; None keeps mlx-lm's
+    classes and the model's dtype."""
     if kv is None:
         return cache
     for i, layer in enumerate(cache):
         if kv.quantized:
-            if type(layer) is KVCache:
+            if type(layer) is QuantizedKVCache:
+                cache[i] = _retyped(layer, TypedQuantizedKVCache)
+            elif type(layer) is KVCache and layer.empty():
                 cache[i] = TypedQuantizedKVCache(group_size=QUANT_GROUP_SIZE, bits=kv.bits)
             continue
         cls = _FLOAT_CLASSES[kv.name].get(type(layer))

@@ -9,6 +9,12 @@ at least one prompt token to prefill. Entries leave by LRU order, by TTL and und
 cap. Lookups and inserts run on the engine thread; `stats()` and `reset()` may be called
 from any thread (one lock guards the bookkeeping; MLX work happens outside it).
 
+Slots (llama-server's `/slots/{id}?action=save|restore|erase`, `slot_files`): an insert
+names the slot its sequence ran in, and the cache remembers the tokens each slot last held.
+`slot_entry` gives them with the entry serving them, `erase_slot` drops that entry, and
+`restore` queues a cache read from a file: the engine thread loads it at its next lookup,
+so no MLX work runs on the caller's thread.
+
 MLX is only imported inside functions, so the server can import this module (for its
 `CacheStats`) without loading MLX; the HTTP payloads are the server's.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import struct
 import threading
 import time
@@ -27,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
+
+log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 16
 HASH_NAME = "sha256"
@@ -201,6 +210,8 @@ class PromptCache:
         self.evictions_lru = 0
         self.evictions_ttl = 0
         self.rejections_oversized = 0
+        self._slot_tokens: dict[int, list[int]] = {}  # the tokens each slot last held
+        self._restores: list[tuple[int, list[int], Callable[[], list[Any]]]] = []
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PromptCache | None:
@@ -218,6 +229,7 @@ class PromptCache:
         The cache returned is a fresh copy holding exactly `n_cached` tokens, and
         `n_cached < len(tokens)` so at least one token is left to prefill.
         """
+        self._load_restores()
         tokens = list(tokens)
         hashes = block_hashes(tokens, self.block_size)
         with self._lock:
@@ -231,14 +243,18 @@ class PromptCache:
             self._entries.move_to_end(entry.id)
         return _copy_prefix(entry.cache, n_cached, len(entry.tokens)), n_cached
 
-    def insert(self, tokens: Sequence[int], cache: list[Any]) -> bool:
+    def insert(self, tokens: Sequence[int], cache: list[Any], slot: int | None = None) -> bool:
         """Store `cache`, the KV cache of exactly `tokens`; True when a new entry was added.
+        `slot`: the slot the sequence ran in (it now holds `tokens`).
 
         Sequences shorter than one block, caches whose size does not match `tokens` and
         sequences already covered by an entry add nothing; a cache over the byte cap is
         counted in `rejections_oversized`.
         """
         tokens = list(tokens)
+        if slot is not None:
+            with self._lock:
+                self._slot_tokens[slot] = tokens
         if len(tokens) < self.block_size or not cache:
             return False
         size = _cache_size(cache)
@@ -291,7 +307,49 @@ class PromptCache:
             self._entries.move_to_end(covering.id)
             return True
 
+    def _load_restores(self) -> None:
+        """Engine thread: read the caches `restore` queued and insert them."""
+        with self._lock:
+            queued, self._restores = self._restores, []
+        for slot, tokens, load in queued:
+            try:
+                self.insert(tokens, load(), slot=slot)
+            except Exception:  # a file that went bad since it was checked: skip it
+                log.exception("restoring a slot's cache failed")
+
     # -------------------------------------------------------------------- any thread
+
+    def slot_entry(self, slot: int) -> tuple[list[int], list[Any]] | None:
+        """The tokens `slot` last held and a cache of exactly them (None: nothing cached).
+        The cache's arrays are evaluated unless the entry holds more than the slot's tokens
+        (it is then cut lazily)."""
+        with self._lock:
+            tokens = self._slot_tokens.get(slot)
+            if not tokens:
+                return None
+            entry = self._covering(tokens, block_hashes(tokens, self.block_size))
+            if entry is None:
+                return None
+            if len(entry.tokens) == len(tokens):
+                return tokens, entry.cache
+        return tokens, _copy_prefix(entry.cache, len(tokens), len(entry.tokens))
+
+    def erase_slot(self, slot: int) -> int:
+        """Forget what `slot` held and drop the entry that served it; its token count."""
+        with self._lock:
+            tokens = self._slot_tokens.pop(slot, None)
+            if not tokens:
+                return 0
+            entry = self._covering(tokens, block_hashes(tokens, self.block_size))
+            if entry is not None:
+                self._drop(entry)
+            return len(tokens)
+
+    def restore(self, slot: int, tokens: Sequence[int], load: Callable[[], list[Any]]) -> None:
+        """Queue the cache `load()` reads (the KV cache of exactly `tokens`) for `slot`; the
+        engine thread inserts it before its next lookup."""
+        with self._lock:
+            self._restores.append((slot, list(tokens), load))
 
     def stats(self) -> CacheStats:
         """Size and counters now (expired entries dropped first)."""
@@ -318,6 +376,7 @@ class PromptCache:
         with self._lock:
             freed = CacheReset(self._bytes, len(self._entries))
             self._entries.clear()
+            self._restores.clear()
             self._index.clear()
             self._bytes = 0
         return freed

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI
@@ -239,11 +241,22 @@ async def get_slots(raw: Request, state: ServerState = Depends(get_state)) -> li
     return entries
 
 
+# llama-server's answer fields per action: tokens, bytes, milliseconds
+_SLOT_FIELDS = {
+    "save": ("n_saved", "n_written", "save_ms"),
+    "restore": ("n_restored", "n_read", "restore_ms"),
+}
+
+
 @router.post("/slots/{id_slot}")
 async def slot_action(
     id_slot: str, raw: Request, state: ServerState = Depends(get_state)
 ) -> dict[str, Any]:
-    """`?action=erase` (nothing is kept per slot: always 0 erased); save/restore: 501."""
+    """`?action=save|restore` (`filename` in the body, a file of `--slot-save-path`) and
+    `?action=erase`, llama-server's answers; the engine's `SlotFiles` does the work."""
+    from mlxcel.engine.errors import InvalidRequestError
+    from mlxcel.engine.text.slot_files import SlotFiles
+
     _slots_enabled(state)
     engine = _engine(state)
     try:
@@ -253,11 +266,35 @@ async def slot_action(
     if not 0 <= slot < engine.n_slots:
         raise bad_request("Invalid slot ID")
     action = raw.query_params.get("action", "")
+    if action not in ("save", "restore", "erase"):
+        raise bad_request("Invalid action")
+    directory = state.settings.slot_save_path
+    snap = engine.snapshot()
+    files = SlotFiles(Path(directory or "."), state.prompt_cache, snap.kv_type, state.model_name)
     if action == "erase":
-        return {"id_slot": slot, "n_erased": 0}
-    if action in ("save", "restore"):
-        raise _not_supported("This server does not support saving or restoring slots")
-    raise bad_request("Invalid action")
+        return {"id_slot": slot, "n_erased": files.erase(slot)}
+    if not directory:
+        raise _not_supported(
+            "This server does not support slots action. Start it with `--slot-save-path`"
+        )
+    body = await raw.body()
+    parsed = decode_json_body(body) if body.strip() else {}
+    if not isinstance(parsed, dict):
+        raise bad_request("request body must be a JSON object")
+    filename = parsed.get("filename")
+    run = files.save if action == "save" else files.restore
+    try:
+        done = await asyncio.to_thread(run, slot, filename)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc)) from None
+    tokens, size, ms = _SLOT_FIELDS[action]
+    return {
+        "id_slot": slot,
+        "filename": done.filename,
+        tokens: done.n_tokens,
+        size: done.n_bytes,
+        "timings": {ms: done.ms},
+    }
 
 
 # --------------------------------------------------------------------------- /metrics
