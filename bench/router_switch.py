@@ -12,7 +12,10 @@ page cache). Each round, for each model in turn:
   without a request).
 
 It prints each model's medians and spreads over the rounds, and `first / warm`, measured
-in this one run.
+in this one run. `--overhead N` then measures what routing adds to a request: N one-token
+chat requests to SmolLM2 served by `mlxcel serve -m FILE` and by the router (the model
+loaded), the two servers taking turns, 10 requests at a time; it prints each median and
+router / single.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _common import BENCH_DIR, Server, free_port, load_note
+from _common import BENCH_DIR, Server, free_port, load_note, mlxcel_server
 from gguf_vs_llama import shipped_gemma3
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
@@ -67,26 +70,69 @@ def timed(client: httpx.Client, path: str, model: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-r", "--rounds", type=int, default=5)
+    parser.add_argument("--overhead", type=int, default=0, metavar="N")
     args = parser.parse_args()
     root = models_dir()
-    names = ["gemma-3-270m", "smollm2-135m"]
+    switch(root, args.rounds)
+    if args.overhead:
+        overhead(root, args.overhead)
+
+
+def router_server(root: Path, *extra: str) -> Server:
+    """`mlxcel serve --models-dir ROOT` on a free port."""
     port = free_port()
     argv = [sys.executable, "-m", "mlxcel", "serve", "--models-dir", str(root)]
-    argv += ["--models-max", "1", "-c", "2048", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["-c", "2048", "--host", "127.0.0.1", "--port", str(port), *extra]
+    return Server("mlxcel serve (router)", argv, port, "/health")
+
+
+def overhead(root: Path, requests: int) -> None:
+    """Median one-token latency on SmolLM2: single-model server vs router."""
+    from mlxcel.engine.loading.default_model import default_model_path
+
+    single = mlxcel_server(default_model_path(), "-c", "2048")
+    router = router_server(root)
+    times: dict[str, list[float]] = {"single": [], "router": []}
+    with single, router:
+        clients = {
+            "single": httpx.Client(base_url=single.url, timeout=600),
+            "router": httpx.Client(base_url=router.url, timeout=600),
+        }
+        for client in clients.values():
+            one_token(client, "smollm2-135m")  # loads it on the router; warms both
+        done = 0
+        while done < requests:
+            for label, client in clients.items():
+                for _ in range(min(10, requests - done)):
+                    times[label].append(one_token(client, "smollm2-135m"))
+            done += 10
+        for client in clients.values():
+            client.close()
+    single_median = statistics.median(times["single"])
+    router_median = statistics.median(times["router"])
+    print(f"routing overhead, {requests} one-token requests each to SmolLM2; {load_note()}")
+    print(f"  mlxcel serve -m: median {single_median * 1000:.1f} ms")
+    print(f"  router (model loaded): median {router_median * 1000:.1f} ms")
+    print(f"  router / single: {router_median / single_median:.3f}")
+
+
+def switch(root: Path, rounds: int) -> None:
+    """The switch figures (see the module doc)."""
+    names = ["gemma-3-270m", "smollm2-135m"]
     figures: dict[tuple[str, str], list[float]] = {
         (key, name): [] for key in ("first", "warm", "load") for name in names
     }
-    server = Server("mlxcel serve (router)", argv, port, "/health")
+    server = router_server(root, "--models-max", "1")
     with server, httpx.Client(base_url=server.url, timeout=600) as client:
         for name in names:  # converts each GGUF once: later loads read warm disk
             one_token(client, name)
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for name in names:
                 figures["first", name].append(one_token(client, name))
                 figures["warm", name].append(one_token(client, name))
                 timed(client, "/models/unload", name)
                 figures["load", name].append(timed(client, "/models/load", name))
-    print(f"router switch, --models-max 1, {args.rounds} rounds; {load_note()}")
+    print(f"router switch, --models-max 1, {rounds} rounds; {load_note()}")
     for name in names:
         print(f"{name}:")
         for key, label in (
