@@ -182,6 +182,8 @@ def generate(
     if vision_dir is not None:
         from .vision_input import load_vision_or_exit, vision_prompt
 
+        _kv_type(settings, None, vision=True)
+
         loaded = load_vision_or_exit(vision_dir)
     elif image or video or audio:
         fail("--image, --video and --audio need a vision model (-m DIR of an mlx-vlm model)")
@@ -300,11 +302,15 @@ def _count_and_rate(what: str, tokens: int, per_second: float) -> str:
     return f"{what}: {tokens} tokens, {per_second:.1f} tok/s"
 
 
-def _kv_type(settings: Any, model: Any) -> Any:
-    """The KV cache type of `-ctk`/`-ctv` for `model` (one line and exit 2 when refused)."""
-    from mlxcel.engine.text.kv_types import kv_types
+def _kv_type(settings: Any, model: Any, *, vision: bool = False) -> Any:
+    """The KV cache type of `-ctk`/`-ctv` for `model` (one line and exit 2 when refused);
+    a vision model takes only the default."""
+    from mlxcel.engine.text.kv_types import check_vision, kv_types
 
     try:
+        if vision:
+            check_vision(settings.cache_type_k, settings.cache_type_v)
+            return None
         return kv_types(settings.cache_type_k, settings.cache_type_v, model)
     except ValueError as exc:
         fail(str(exc))

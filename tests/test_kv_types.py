@@ -281,3 +281,17 @@ def test_a_quantized_type_the_model_cannot_take_is_one_line_and_exit_2(
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "head size 16" in lines[0], done.stderr
+
+
+def test_a_vision_model_takes_only_the_default_type(tmp_path: Path) -> None:
+    """mlx-vlm's language models keep the model's dtype: another type is refused."""
+    from fixtures.tiny_vlm import build_tiny_qwen2_vl
+
+    model = build_tiny_qwen2_vl(tmp_path / "qwen2vl")
+    done = _mlxcel("generate", "-m", str(model), "-n", "2", "-ctk", "q8_0", "-ctv", "q8_0", "Hi")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "vision model" in lines[0], done.stderr
+    done = _mlxcel("serve", "-m", str(model), "--port", "0", "-ctk", "bf16", "-ctv", "bf16")
+    assert done.returncode == 2
+    assert "vision model" in done.stderr and "Traceback" not in done.stderr

@@ -123,6 +123,16 @@ def kv_cache_type(settings: Settings, model: object | None = None) -> KVType:
         raise SettingsError(str(exc)) from None
 
 
+def _check_vision_kv(settings: Settings) -> None:
+    from mlxcel.config import SettingsError
+    from mlxcel.engine.text.kv_types import check_vision
+
+    try:
+        check_vision(settings.cache_type_k, settings.cache_type_v)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def check_slot_save_path(settings: Settings) -> None:
     """Create `--slot-save-path` if it is missing (SettingsError when it cannot be a
     directory)."""
@@ -217,6 +227,7 @@ def load_into(state: ServerState) -> None:
 
     vision_path = vision_model_path(settings.model)
     if vision_path is not None:
+        _check_vision_kv(settings)
         _load_vision_into(state, vision_path)
     else:
         _load_text_into(state)

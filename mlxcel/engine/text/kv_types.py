@@ -424,6 +424,16 @@ def make_cache(model: Any, kv: KVType | None) -> list[Any]:
     return typed_cache(make_prompt_cache(model), kv)
 
 
+def check_vision(type_k: str, type_v: str) -> None:
+    """Refuse (ValueError) a type other than the default for a vision model: mlx-vlm's
+    language models keep their KV cache in the model's dtype."""
+    if (type_k, type_v) != ("f16", "f16"):
+        raise ValueError(
+            "-ctk/-ctv: a vision model (mlx-vlm) keeps its KV cache in the model's dtype; "
+            "leave them at f16, the default"
+        )
+
+
 def check_model(model: Any, kv: KVType | None) -> None:
     """Refuse (ValueError) a type `model`'s caches cannot take: the quantized types need
     plain KV layers (no sliding window or recurrent state) whose head size is a multiple
