@@ -619,3 +619,22 @@ def test_hostile_requests_and_a_broken_model_get_one_line_answers(
     finally:
         server.stop()
     assert "Traceback" not in server.stderr
+
+
+def test_models_reload_reads_the_directory_again(models_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "chat-a").symlink_to(models_dir / "chat-a")
+    server = serve(root)
+    try:
+        with server.client() as client:
+            assert chat(client, "chat-a").status_code == 200
+            (root / "chat-b.gguf").symlink_to(models_dir / "chat-b.gguf")
+            assert list(statuses(client)) == ["chat-a"]  # not read again without ?reload
+            (root / "chat-a").unlink()
+            body = client.get("/models", params={"reload": "1"}).json()
+            assert [m["id"] for m in body["data"]] == ["chat-b"]
+            assert chat(client, "chat-a").status_code == 400
+            assert chat(client, "chat-b").status_code == 200
+    finally:
+        server.stop()

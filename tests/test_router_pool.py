@@ -293,3 +293,20 @@ def test_command_line_wins_over_the_preset(tmp_path: Path, tiny_gguf: Path) -> N
     assert only.settings.alias == "t" and only.aliases == ("x", "y")
     assert only.settings.model == str(tiny_gguf) and only.settings.models_preset is None
     assert only.weight_bytes == tiny_gguf.stat().st_size and only.kind is ModelKind.TEXT
+
+
+def test_reload_adds_removes_and_unloads_changed_models() -> None:
+    p, loads = pool(entry("a"), entry("b"), entry("c"))
+    use(p, "a")
+    use(p, "b")
+    changed = entry("b", weight=999)
+    p.reload([entry("a"), changed, entry("d")])
+    assert [m.entry.name for m in p.models] == ["a", "b", "d"]
+    assert p.find("c") is None and p.find("d") is not None
+    assert status(p) == {"a": "loaded", "b": "unloaded", "d": "unloaded"}  # b changed
+    deadline = time.monotonic() + 5
+    while loads.stopped != ["b"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert loads.stopped == ["b"]
+    use(p, "b")
+    assert p.models[1].entry.weight_bytes == 999 and status(p)["b"] == "loaded"

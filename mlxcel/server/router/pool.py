@@ -253,6 +253,30 @@ class ModelPool:
         self._stop(service.state)
         return True
 
+    # ------------------------------------------------------------------ reload
+
+    def reload(self, entries: list[ModelEntry]) -> None:
+        """Take `entries` as the models from now on (`GET /models?reload=1`): new ones are
+        added, gone ones removed, changed ones updated; a loaded model that is gone or
+        changed is unloaded (its next request loads the new one)."""
+        with self._lock:
+            current = {m.entry.name: m for m in self.models}
+            models: list[RoutedModel] = []
+            stale: list[RoutedModel] = []
+            for entry in entries:
+                model = current.pop(entry.name, None)
+                if model is None:
+                    model = RoutedModel(entry)
+                elif model.entry != entry:
+                    model.entry = entry
+                    stale.append(model)
+                models.append(model)
+            stale += current.values()
+            self.models = models
+            self._by_name = {name: m for m in models for name in m.entry.names()}
+        for model in stale:
+            self.unload(model)
+
     # ------------------------------------------------------------------ unload
 
     def unload(self, model: RoutedModel) -> bool:

@@ -8,6 +8,7 @@ unloads one. `GET /props` without `?model=` describes the router (`role: "router
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -23,7 +24,7 @@ from mlxcel.server.errors import (
 from mlxcel.server.health import is_draining
 from mlxcel.server.json_body import decode_json_body
 from mlxcel.server.models_route import anthropic_list, anthropic_model, wants_anthropic
-from mlxcel.server.router.catalog import ModelKind
+from mlxcel.server.router.catalog import ModelEntry, ModelKind
 from mlxcel.server.router.dispatch import checkout, unknown_model
 from mlxcel.server.router.pool import ModelPool, ModelStatus, RoutedModel
 from mlxcel.server.state import ServerState
@@ -79,13 +80,31 @@ def model_object(model: RoutedModel, created: int) -> dict[str, Any]:
 @router.get("/v1/models")
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """Every model of the router with its status (Anthropic's list to its SDK)."""
+    """Every model of the router with its status (Anthropic's list to its SDK); with
+    `?reload=1` the directory and the preset are read again first."""
     created = int(request.app.state.mlxcel.started)
+    if request.query_params.get("reload", "") not in ("", "0", "false"):
+        await _reload(request)
     models = _pool(request).models
     if wants_anthropic(request):
         names = [m.entry.name for m in models]
         return anthropic_list([anthropic_model(name, name, created) for name in names])
     return {"object": "list", "data": [model_object(m, created) for m in models]}
+
+
+async def _reload(request: Request) -> None:
+    """Read the models again (off the event loop); a directory or preset that no longer
+    reads is a 400 and leaves the models as they were."""
+    import asyncio
+
+    from mlxcel.config import SettingsError
+
+    read: Callable[[], list[ModelEntry]] = request.app.state.read_models
+    try:
+        entries = await asyncio.get_running_loop().run_in_executor(None, read)
+    except SettingsError as exc:
+        raise APIError(400, f"reload: {exc}") from None
+    _pool(request).reload(entries)
 
 
 @router.get("/v1/models/{model_id:path}", response_model=None)
@@ -163,12 +182,19 @@ async def router_props(request: Request) -> dict[str, Any]:
     }
 
 
-def control_app(state: ServerState, pool: ModelPool, load_timeout: float | None) -> FastAPI:
-    """The FastAPI app of the router's own routes."""
+def control_app(
+    state: ServerState,
+    pool: ModelPool,
+    load_timeout: float | None,
+    read_models: Callable[[], list[ModelEntry]],
+) -> FastAPI:
+    """The FastAPI app of the router's own routes (`read_models`: the catalog read again,
+    for `?reload=1`)."""
     app = FastAPI(title="mlxcel-router", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.mlxcel = state
     app.state.router_pool = pool
     app.state.load_timeout = load_timeout
+    app.state.read_models = read_models
     install_error_handlers(app)
     app.include_router(router, prefix=_prefix(state))
     return app

@@ -9,7 +9,7 @@ with the reason. Once listening, the `load-on-startup` models load.
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from starlette.types import ASGIApp
 
@@ -19,7 +19,7 @@ from mlxcel.server.app import cors_options, guard_options, normalize_prefix
 from mlxcel.server.boot import announce, check_settings, load_into, stop_services
 from mlxcel.server.io_timeout import IoTimeout
 from mlxcel.server.middleware import Cors, RequestGuard
-from mlxcel.server.router.catalog import Catalog, build_catalog
+from mlxcel.server.router.catalog import Catalog, ModelEntry, build_catalog
 from mlxcel.server.router.dispatch import RouterDispatch
 from mlxcel.server.router.pool import ModelPool
 from mlxcel.server.router.routes import control_app
@@ -58,14 +58,18 @@ def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serv
     """Everything a router server runs (SettingsError when it cannot start)."""
     if settings.metrics_port is not None and settings.metrics_port != settings.port:
         raise SettingsError("--metrics-port: not in router mode; use GET /metrics?model=NAME")
-    catalog = build_catalog(settings, cli_fields)
-    check_catalog(catalog)
-    if not catalog.entries:
-        raise SettingsError("--models-dir/--models-preset: no models found")
-    for line in catalog.warnings:
-        print(f"mlxcel: warning: {line}", file=sys.stderr, flush=True)
+
+    def read_models() -> list[ModelEntry]:
+        catalog = build_catalog(settings, cli_fields)
+        check_catalog(catalog)
+        if not catalog.entries:
+            raise SettingsError("--models-dir/--models-preset: no models found")
+        for line in catalog.warnings:
+            print(f"mlxcel: warning: {line}", file=sys.stderr, flush=True)
+        return catalog.entries
+
     pool = ModelPool(
-        catalog.entries,
+        read_models(),
         models_max=settings.models_max,
         autoload=settings.models_autoload,
         make_app=_model_app,
@@ -77,7 +81,7 @@ def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serv
     wait = float(settings.timeout) if settings.timeout > 0 else DEFAULT_LOAD_WAIT_SECONDS
     return Serving(
         state=state,
-        app=router_app(state, pool, wait),
+        app=router_app(state, pool, wait, read_models),
         load=lambda: _load_on_startup(pool),
         announce=lambda: _announce(pool),
         busy=pool.busy,
@@ -91,13 +95,21 @@ def _model_app(state: ServerState) -> ASGIApp:
     return create_app(state)
 
 
-def router_app(state: ServerState, pool: ModelPool, load_timeout: float) -> ASGIApp:
+def router_app(
+    state: ServerState,
+    pool: ModelPool,
+    load_timeout: float,
+    read_models: Callable[[], list[ModelEntry]],
+) -> ASGIApp:
     """The router's ASGI app: the same guards as a single-model server (API keys, size
     caps, CORS, I/O timeout) around the dispatch."""
     settings = state.settings
     prefix = normalize_prefix(settings.api_prefix)
     dispatch = RouterDispatch(
-        control_app(state, pool, load_timeout), pool, prefix=prefix, load_timeout=load_timeout
+        control_app(state, pool, load_timeout, read_models),
+        pool,
+        prefix=prefix,
+        load_timeout=load_timeout,
     )
     app: ASGIApp = RequestGuard(dispatch, **guard_options(settings, prefix))
     cors = cors_options(settings)
