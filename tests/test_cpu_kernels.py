@@ -294,6 +294,30 @@ def test_other_widths_ride_the_8bit_tiles(kernels: ModuleType, bits: int) -> Non
     np.testing.assert_allclose(np.array(tiled(x)), got, atol=1e-6 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("bits", [4, 5, 8])
+def test_tiles_packed_a_few_at_a_time_are_the_tiles_packed_at_once(
+    bits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packing 1 or 3 tiles at a time (the loader packs 1024, so a 262k-row embedding never
+    has several whole copies in NumPy) gives the same bytes as packing all 5 at once (70
+    rows: the last tile partly padding), 64-byte aligned, holding exactly MLX's rows."""
+    from mlxcel.engine.cpu_kernels import layers
+
+    packed, scales, biases, dense = _weights(70, 160, bits, 32, seed=bits)
+    scales = scales.astype(mx.float16).astype(mx.float32)
+    biases = biases.astype(mx.float16).astype(mx.float32)
+    dense = mx.dequantize(packed, scales, biases, group_size=32, bits=bits)
+    whole = np.array(pack_int8(packed, scales, biases, 32, bits=bits))
+    ids = mx.array([0, 15, 16, 47, 69])
+    for at_a_time in (1, 3):
+        monkeypatch.setattr(layers, "_PACK_TILES", at_a_time)
+        tiles = pack_int8(packed, scales, biases, 32, bits=bits)
+        assert np.array(tiles).tobytes() == whole.tobytes() and tiles.shape == whole.shape
+        assert np.array(tiles, copy=False).ctypes.data % 64 == 0
+        rows = tile_rows(tiles, ids, layers.tile_bits(bits), 160)
+        assert np.array_equal(np.array(rows), np.array(dense)[np.array(ids)])
+
+
 def test_other_widths_without_tiles_stay_on_mlx(
     kernels: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,6 +28,7 @@ as one kernel op each (MLX's CPU versions are several ops, which dominate a smal
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -58,13 +59,26 @@ def aligned(a: mx.array) -> mx.array:
     if a.size == 0 or address is None or address % _ALIGNMENT == 0:
         return a
     source = np.asarray(a)
-    pad = _ALIGNMENT // a.itemsize
-    flat = mx.zeros((a.size + pad,), a.dtype)
+
+    def copy(view: np.ndarray) -> None:
+        view[...] = source
+
+    return aligned_array(tuple(a.shape), a.dtype, copy)
+
+
+def aligned_array(
+    shape: tuple[int, ...], dtype: mx.Dtype, fill: Callable[[np.ndarray], None]
+) -> mx.array:
+    """A new MLX array whose data starts on a 64-byte boundary, written by `fill` through a
+    NumPy view of MLX's own memory before any use (so nothing is copied after)."""
+    size = int(np.prod(shape, dtype=np.int64))
+    pad = _ALIGNMENT // dtype.size
+    flat = mx.zeros((size + pad,), dtype)
     mx.eval(flat)
-    buffer = np.array(flat, copy=False)  # MLX's own memory: written once, before any use
-    start = (-buffer.ctypes.data % _ALIGNMENT) // a.itemsize
-    buffer[start : start + a.size] = source.reshape(-1)
-    out = flat[start : start + a.size].reshape(a.shape)  # a view: no copy
+    buffer = np.array(flat, copy=False)
+    start = (-buffer.ctypes.data % _ALIGNMENT) // dtype.size
+    fill(buffer[start : start + size].reshape(shape))
+    out = flat[start : start + size].reshape(shape)  # a view: no copy
     mx.eval(out)
     return out
 
@@ -325,14 +339,24 @@ def tile_bits(bits: int) -> int:
 def codes(weight: mx.array, bits: int) -> np.ndarray:
     """A `bits`-bit MLX weight's codes, one uint8 per value ([N, K]): MLX packs each row as
     one little-endian bit stream (value j in bits j * bits to j * bits + bits - 1)."""
-    n = int(weight.shape[0])
-    raw = np.asarray(weight).view(np.uint8).reshape(n, -1)
+    return _codes_of_rows(np.asarray(weight).view(np.uint8).reshape(int(weight.shape[0]), -1), bits)
+
+
+def _codes_of_rows(raw: np.ndarray, bits: int) -> np.ndarray:
+    """`codes` of rows given as their bytes ([N, bytes a row] uint8)."""
     if bits == 8:
         return raw
+    n = raw.shape[0]
     stream = np.unpackbits(raw, axis=1, bitorder="little")
     k = stream.shape[1] // bits
     per_value = stream[:, : k * bits].reshape(n, k, bits)
     return np.packbits(per_value, axis=2, bitorder="little").reshape(n, k)
+
+
+# Tiles packed at a time: NumPy's temporaries stay a few MB, where packing a whole 262k-row
+# embedding at once held several copies of its table besides the result (1.26 GB peak RSS
+# loading Gemma 3 270M, bench/gguf_memory.py).
+_PACK_TILES = 1024
 
 
 def pack_int8(
@@ -343,33 +367,57 @@ def pack_int8(
     past N zero. Per 32-value block a tile holds its 16 rows' weights in groups of 4
     values (4-bit: one byte per row and value pair k, k + 4, low nibble first; other
     widths: one byte a value, as 8-bit tiles), each group 16 rows x 4 bytes, then the 16
-    block scales and the 16 block biases as float16."""
+    block scales and the 16 block biases as float16. Packed `_PACK_TILES` tiles at a time
+    straight into the result."""
     n = int(weight.shape[0])
     k = int(weight.shape[1]) * 32 // bits
     blocks = k // 32
     tiles = (n + _TILE_ROWS - 1) // _TILE_ROWS
-    rows = tiles * _TILE_ROWS
-    values = np.zeros((rows, k), np.uint8)
+    raw = np.asarray(weight).view(np.uint8).reshape(n, -1)
+    per_group = [np.asarray(values.astype(mx.float32)) for values in (scales, biases)]
+    code_bytes = _TILE_ROWS * 32 * tile_bits(bits) // 8
+    half_bytes = _TILE_ROWS * 2  # a block's 16 float16 scales (or biases)
+
+    def fill(out: np.ndarray) -> None:
+        for first in range(0, tiles, _PACK_TILES):
+            last = min(tiles, first + _PACK_TILES)
+            rows = slice(first * _TILE_ROWS, last * _TILE_ROWS)
+            out[first:last, :, :code_bytes] = _tile_codes(raw[rows], last - first, k, bits)
+            for i, values in enumerate(per_group):
+                at = code_bytes + i * half_bytes
+                per_block = np.repeat(values[rows], group_size // 32, axis=1)
+                out[first:last, :, at : at + half_bytes] = _tile_halves(per_block, last - first)
+
+    return aligned_array((tiles, blocks, code_bytes + 2 * half_bytes), mx.uint8, fill)
+
+
+def _tile_codes(raw: np.ndarray, tiles: int, k: int, bits: int) -> np.ndarray:
+    """The code bytes of `tiles` tiles whose rows are `raw` (fewer rows than the tiles hold
+    in the last one: the rest zero), [tiles, blocks, code bytes]."""
+    blocks = k // 32
+    values = np.zeros((tiles * _TILE_ROWS, k), np.uint8)
     groups: np.ndarray
     if bits == 4:
-        raw = np.asarray(weight).view(np.uint8).reshape(n, k // 2)
-        values[:n, 0::2] = raw & 0x0F  # MLX packs the lower nibble first
-        values[:n, 1::2] = raw >> 4
+        values[: len(raw), 0::2] = raw & 0x0F  # MLX packs the lower nibble first
+        values[: len(raw), 1::2] = raw >> 4
         # [tile, row, block, group, k or k + 4, value in group]
         split = values.reshape(tiles, _TILE_ROWS, blocks, 4, 2, 4)
         groups = split[:, :, :, :, 0, :] | (split[:, :, :, :, 1, :] << 4)
     else:
-        values[:n] = codes(weight, bits)
+        values[: len(raw)] = _codes_of_rows(raw, bits)
         groups = values.reshape(tiles, _TILE_ROWS, blocks, 8, 4)
     # -> [tile, block, group, row, value in group]
-    parts = [groups.transpose(0, 2, 3, 1, 4).reshape(tiles, blocks, -1)]
-    for per_group in (scales, biases):
-        per_block = np.repeat(np.asarray(per_group.astype(mx.float32)), group_size // 32, axis=1)
-        padded = np.zeros((rows, blocks), np.float16)
-        padded[:n] = per_block
-        by_block = padded.reshape(tiles, _TILE_ROWS, blocks).transpose(0, 2, 1)
-        parts.append(np.ascontiguousarray(by_block).view(np.uint8))
-    return aligned(mx.array(np.concatenate(parts, axis=2)))
+    return groups.transpose(0, 2, 3, 1, 4).reshape(tiles, blocks, -1)
+
+
+def _tile_halves(per_block: np.ndarray, tiles: int) -> np.ndarray:
+    """Per-block float32 values of the tiles' rows ([rows, blocks]) as the tiles hold them:
+    float16, block by block, 16 rows each, as bytes [tiles, blocks, 32]."""
+    blocks = per_block.shape[1]
+    padded = np.zeros((tiles * _TILE_ROWS, blocks), np.float16)
+    padded[: len(per_block)] = per_block
+    by_block = padded.reshape(tiles, _TILE_ROWS, blocks).transpose(0, 2, 1)
+    return np.ascontiguousarray(by_block).view(np.uint8)
 
 
 def tile_rows(tiles: mx.array, ids: mx.array, bits: int, k: int) -> mx.array:
