@@ -313,10 +313,12 @@ def load_converted(directory: Path) -> GGUFModel:
     if manifest.get("conversion") != _CONVERSION_VERSION:
         raise ValueError("converted by another mlxcel version")
     config = json.loads((directory / "config.json").read_text())
+    # the tokenizer first: reading it peaks at several times its size, better before the
+    # weights are in memory than after
+    tokenizer = load_saved_tokenizer(directory)
     weights = mx.load(str(directory / "model.safetensors"))
     assert isinstance(weights, dict)
     model = _build_model(config, weights, manifest.get("rope_factors"))
-    tokenizer = load_saved_tokenizer(directory)
     return GGUFModel(
         model=model,
         tokenizer=tokenizer,
