@@ -636,5 +636,8 @@ def test_models_reload_reads_the_directory_again(models_dir: Path, tmp_path: Pat
             assert [m["id"] for m in body["data"]] == ["chat-b"]
             assert chat(client, "chat-a").status_code == 400
             assert chat(client, "chat-b").status_code == 200
+            (root / "embed").symlink_to(models_dir / "embed")
+            assert client.post("/models/reload").json() == {"success": True}
+            assert list(statuses(client)) == ["chat-b", "embed"]
     finally:
         server.stop()

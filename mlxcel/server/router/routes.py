@@ -146,6 +146,13 @@ async def load_model(request: Request) -> dict[str, Any]:
     return {"success": True}
 
 
+@router.post("/models/reload")
+async def reload_models(request: Request) -> dict[str, Any]:
+    """Read the directory and the preset again (as `GET /models?reload=1`)."""
+    await _reload(request)
+    return {"success": True}
+
+
 @router.post("/models/unload")
 async def unload_model(request: Request) -> dict[str, Any]:
     """Unload a model (400 when it is not loaded)."""
