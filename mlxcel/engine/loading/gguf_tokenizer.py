@@ -342,9 +342,10 @@ _BPE_OPTIONS = (
 def read_tokenizer_json(path: Path) -> Any:
     """The `tokenizers.Tokenizer` a `tokenizer.json` describes. A BPE model is built from the
     file's vocabulary and merges as Python reads them, then the added tokens are added to it:
-    the same tokenizer as `Tokenizer.from_file` gives, held in less memory (Gemma's 262k
-    vocabulary: 74 MiB, not 95, measured by bench/gguf_memory.py). Other models, and merges
-    written as `"a b"` strings, are read by `from_file`."""
+    the tokenizer the file holds (it writes back the same JSON), in less memory than
+    `Tokenizer.from_file` gives it (Gemma's 262k vocabulary: 72 MiB, not 95, measured by
+    bench/gguf_memory.py). Other models, and merges written as `"a b"` strings, are read as
+    `from_file` reads them."""
     from tokenizers import AddedToken, Tokenizer
     from tokenizers.models import BPE
 
@@ -367,8 +368,8 @@ def read_tokenizer_json(path: Path) -> Any:
     del model, merges, data["model"]
     for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
         setattr(tokenizer, part, getattr(pipeline, part))
-    # in the file's order, a run of special or plain tokens at a time, as `from_file` adds
-    # them: tokens the vocabulary lacks get the ids after it in that order
+    # in the file's order (by id), a run of special or plain tokens at a time: tokens the
+    # vocabulary lacks get the ids after it, as the file gives them
     run: list[AddedToken] = []
     for entry in data["added_tokens"]:
         token = AddedToken(
