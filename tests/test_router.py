@@ -113,6 +113,43 @@ def test_a_request_loads_its_model_on_demand(router: ServeProcess) -> None:
         assert stream.status_code == 200 and "data: [DONE]" in stream.text
 
 
+def test_model_events_stream_status_changes(router: ServeProcess) -> None:
+    import json
+
+    events: list[dict[str, Any]] = []
+    connected = threading.Event()
+
+    def listen() -> None:
+        with (
+            httpx.Client(base_url=router.url, timeout=60) as client,
+            client.stream("GET", "/models/sse") as response,
+        ):
+            assert response.headers["content-type"].startswith("text/event-stream")
+            connected.set()
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if events[-1].get("data", {}).get("status") == "unloaded":
+                        return
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert connected.wait(30)
+    time.sleep(0.3)
+    with router.client() as client:
+        if statuses(client)["chat-b"] != "unloaded":
+            client.post("/models/unload", json={"model": "chat-b"})
+            time.sleep(0.5)
+            events.clear()
+        assert client.post("/models/load", json={"model": "chat-b"}).status_code == 200
+        time.sleep(0.3)
+        assert client.post("/models/unload", json={"model": "chat-b"}).status_code == 200
+    listener.join(30)
+    mine = [e["data"]["status"] for e in events if e["model"] == "chat-b"]
+    assert mine[-2:] == ["loaded", "unloaded"], events
+    assert all(e["event"] == "model_status" for e in events), events
+
+
 def test_unknown_and_missing_model_are_refused_naming_the_models(router: ServeProcess) -> None:
     with router.client() as client:
         response = chat(client, "no-such-model")

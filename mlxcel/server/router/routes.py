@@ -3,16 +3,18 @@
 `GET /models` (and `/v1/models`) lists every model with its `status` (`unloaded`, `loading`,
 `loaded`, `sleeping`; a failed last load adds `failed`), as llama-server's router does.
 `POST /models/load` loads a model and answers once it is loaded; `POST /models/unload`
-unloads one. `GET /props` without `?model=` describes the router (`role: "router"`).
+unloads one; `POST /models/reload` reads the models again; `GET /models/sse` streams status
+changes. `GET /props` without `?model=` describes the router (`role: "router"`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from mlxcel import __version__
 from mlxcel.server.errors import (
@@ -27,6 +29,7 @@ from mlxcel.server.models_route import anthropic_list, anthropic_model, wants_an
 from mlxcel.server.router.catalog import ModelEntry, ModelKind
 from mlxcel.server.router.dispatch import checkout, unknown_model
 from mlxcel.server.router.pool import ModelPool, ModelStatus, RoutedModel
+from mlxcel.server.sse import event_stream, sse_data
 from mlxcel.server.state import ServerState
 
 router = APIRouter()
@@ -95,8 +98,6 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def _reload(request: Request) -> None:
     """Read the models again (off the event loop); a directory or preset that no longer
     reads is a 400 and leaves the models as they were."""
-    import asyncio
-
     from mlxcel.config import SettingsError
 
     read: Callable[[], list[ModelEntry]] = request.app.state.read_models
@@ -105,6 +106,44 @@ async def _reload(request: Request) -> None:
     except SettingsError as exc:
         raise APIError(400, f"reload: {exc}") from None
     _pool(request).reload(entries)
+
+
+SSE_POLL_SECONDS = 0.1
+SSE_PING_SECONDS = 15.0
+
+
+@router.get("/models/sse")
+async def model_events(request: Request) -> StreamingResponse:
+    """llama-server's model events as server-sent events: `model_status` (`data.status`)
+    when a model's status changes, `model_remove` and `models_reload` (`model: "*"`) when
+    a reload changes the list; a comment line every 15 s keeps the stream open."""
+    pool = _pool(request)
+
+    def statuses() -> dict[str, str]:
+        return {m.entry.name: m.status.value for m in pool.models}
+
+    async def events() -> AsyncIterator[str]:
+        seen = statuses()
+        quiet = 0.0
+        while True:
+            await asyncio.sleep(SSE_POLL_SECONDS)
+            now = statuses()
+            out: list[dict[str, Any]] = []
+            if now.keys() != seen.keys():
+                out.append({"model": "*", "event": "models_reload"})
+                out += [{"model": n, "event": "model_remove"} for n in seen.keys() - now.keys()]
+            for name, value in now.items():
+                if seen.get(name) != value:
+                    out.append({"model": name, "event": "model_status", "data": {"status": value}})
+            seen = now
+            quiet = 0.0 if out else quiet + SSE_POLL_SECONDS
+            for event in out:
+                yield sse_data(event)
+            if quiet >= SSE_PING_SECONDS:
+                quiet = 0.0
+                yield ": ping\n\n"
+
+    return event_stream(events(), on_close=lambda: None)
 
 
 @router.get("/v1/models/{model_id:path}", response_model=None)
