@@ -262,6 +262,25 @@ def test_the_anthropic_sdk_lists_and_uses_the_models(router: ServeProcess) -> No
         client.models.retrieve("claude-x")
 
 
+def test_mlxcel_bench_serve_measures_a_routed_model(router: ServeProcess) -> None:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "mlxcel", "bench", "serve", "--url", router.url,
+            "-m", "chat-b", "-c", "1,2", "--requests", "4", "--prompt-len", "8", "-n", "4",
+            "--json",
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["model"] == "chat-b"
+    assert all(level["errors"] == 0 for level in report["levels"]), report
+
+
 def test_requests_flow_to_two_models_while_a_third_loads(
     models_dir: Path, smollm2_gguf: Path, tmp_path: Path
 ) -> None:
