@@ -192,12 +192,13 @@ class Server:
         self.stop()
 
 
-def mlxcel_server(model: str | Path, *extra: str) -> Server:
-    """`mlxcel serve -m MODEL` on a free port (warm-up on, no API key)."""
+def mlxcel_server(model: str | Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+    """`mlxcel serve -m MODEL` on a free port (warm-up on, no API key); `env`: variables
+    added to its environment."""
     port = free_port()
     argv = [sys.executable, "-m", "mlxcel", "serve", "-m", str(model)]
     argv += ["--host", "127.0.0.1", "--port", str(port), *extra]
-    return Server("mlxcel serve", argv, port, "/health")
+    return Server("mlxcel serve", argv, port, "/health", env=env)
 
 
 def mlx_lm_server(model: str | Path, *extra: str, blas: str | None = None) -> Server:

@@ -9,7 +9,9 @@ the bench directory), through `VisionEngine` in this process:
    submitted from it and run (a 1 ms ticker on the loop), vs the processor run on the loop
    as the one-slot engine's `submit` used to;
    and, through `mlxcel serve` on the tiny Qwen2-VL, the worst `/health` latency while 4
-   chat requests with a 1280x720 picture (a data URI) are decoded, prepared and answered;
+   chat requests with a 1280x720 picture (a data URI) are decoded, prepared and answered,
+   beside the idle server's (the machine's floor) and the server's longest event-loop
+   callback meanwhile, in CPU and wall time (bench/loop_probe on its PYTHONPATH);
 3. time to first token of a follow-up turn about the same picture with the prompt cache vs
    cold (no cache); the first turn stays within Gemma 3's 512-token sliding window (the
    prompt cache takes no rotating KV cache that has wrapped).
@@ -203,12 +205,15 @@ def event_loop_stall(loaded: Any, kind: str, n: int, tokens: int, reps: int) -> 
     return statistics.median(before), statistics.median(after)
 
 
-def health_during_pictures(clients: int, reps: int) -> tuple[float, float, float, float]:
-    """(worst, median) `/health` latency in ms, medians over `reps` loads of `clients` chat
-    requests with a 1280x720 noise picture, on `mlxcel serve` over the tiny Qwen2-VL; then
-    the same of as many probes of the idle server (this machine's floor, in the same run)."""
+def health_during_pictures(clients: int, reps: int) -> dict[str, float]:
+    """Medians over `reps` loads of `clients` chat requests with a 1280x720 noise picture
+    on `mlxcel serve` over the tiny Qwen2-VL: `/health`'s worst and median latency (ms),
+    the same over as many probes of the idle server (this machine's floor, in the same
+    run), and the server's longest event-loop callback during each load in thread CPU time
+    and in wall time (bench/loop_probe)."""
     import base64
     import io
+    import tempfile
 
     import httpx
     from _common import mlxcel_server
@@ -218,24 +223,64 @@ def health_during_pictures(clients: int, reps: int) -> tuple[float, float, float
     _picture(5, (1280, 720)).save(out, format="PNG")
     uri = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
     _model("qwen2_vl")  # built once
-    worst, medians, idle_worst, idle_medians = [], [], [], []
-    with mlxcel_server(BENCH_DIR / "tiny-qwen2_vl", "-c", "4096", "-np", str(clients)) as server:
-        _health_during(server.url, uri, clients)  # warm
-        for _ in range(reps):
-            latencies = _health_during(server.url, uri, clients)
-            worst.append(max(latencies))
-            medians.append(statistics.median(latencies))
-            idle = []
-            with httpx.Client(base_url=server.url, timeout=60) as probe:
-                for _ in latencies:
-                    sent = time.perf_counter()
-                    probe.get("/health")
-                    idle.append((time.perf_counter() - sent) * 1000)
-                    time.sleep(0.01)
-            idle_worst.append(max(idle))
-            idle_medians.append(statistics.median(idle))
-    m = statistics.median
-    return m(worst), m(medians), m(idle_worst), m(idle_medians)
+    rounds: dict[str, list[float]] = {}
+    with tempfile.NamedTemporaryFile(suffix=".loop") as probe_file:
+        env = {"PYTHONPATH": str(Path(__file__).parent / "loop_probe")}
+        env["MLXCEL_LOOP_PROBE"] = probe_file.name
+        model = BENCH_DIR / "tiny-qwen2_vl"
+        with mlxcel_server(model, "-c", "4096", "-np", str(clients), env=env) as server:
+            _health_during(server.url, uri, clients)  # warm
+            for _ in range(reps):
+                began = time.time()
+                latencies = _health_during(server.url, uri, clients)
+                callbacks = _loop_callbacks(Path(probe_file.name), began, time.time())
+                idle = []
+                with httpx.Client(base_url=server.url, timeout=60) as probe:
+                    for _ in latencies:
+                        sent = time.perf_counter()
+                        probe.get("/health")
+                        idle.append((time.perf_counter() - sent) * 1000)
+                        time.sleep(0.01)
+                row = {
+                    "worst": max(latencies),
+                    "median": statistics.median(latencies),
+                    "idle worst": max(idle),
+                    "idle median": statistics.median(idle),
+                    **_longest(callbacks),
+                }
+                for key, value in row.items():
+                    rounds.setdefault(key, []).append(value)
+    out = {key: statistics.median(values) for key, values in rounds.items()}
+    # The longest callback's parts from one round (the median one by wall time), so that
+    # they add up to its wall time.
+    middle = sorted(range(reps), key=lambda i: rounds["loop wall"][i])[reps // 2]
+    for key in ("loop wall", "wall cpu", "wall runqueue", "wall gil"):
+        out[key] = rounds[key][middle]
+    return out
+
+
+def _loop_callbacks(path: Path, began: float, ended: float) -> list[tuple[float, float, float]]:
+    """(wall, CPU, run-queue wait) ms of the loop callbacks the probe logged between two
+    times."""
+    out = []
+    for line in path.read_text().splitlines():
+        at, wall, cpu, queued = (float(x) for x in line.split())
+        if began <= at <= ended:
+            out.append((wall, cpu, queued))
+    return out
+
+
+def _longest(callbacks: list[tuple[float, float, float]]) -> dict[str, float]:
+    """The most CPU one loop callback took, and the longest one in wall time with what its
+    wall time was: CPU, waiting for a CPU, the rest (waiting for the GIL)."""
+    wall, cpu, queued = max(callbacks, default=(0.0, 0.0, 0.0))
+    return {
+        "loop cpu": max((c for _, c, _ in callbacks), default=0.0),
+        "loop wall": wall,
+        "wall cpu": cpu,
+        "wall runqueue": queued,
+        "wall gil": max(0.0, wall - cpu - queued),
+    }
 
 
 def follow_up_ttft(loaded: Any, kind: str, reps: int) -> tuple[float, float, int]:
@@ -312,11 +357,15 @@ def main() -> None:
 
 
 def print_health(reps: int) -> None:
-    worst, median, idle_worst, idle_median = health_during_pictures(4, reps)
+    h = health_during_pictures(4, reps)
     print(
-        f"\nmlxcel serve, tiny qwen2_vl, 4 chat requests with a 1280x720 picture: /health "
-        f"worst {worst:.1f} ms, median {median:.1f} ms; the idle server, as many probes: "
-        f"worst {idle_worst:.1f} ms, median {idle_median:.1f} ms"
+        f"\nmlxcel serve, tiny qwen2_vl, 4 chat requests with a 1280x720 picture (medians of "
+        f"{reps}): /health worst {h['worst']:.1f} ms, median {h['median']:.1f} ms; the idle "
+        f"server, as many probes: worst {h['idle worst']:.1f} ms, median "
+        f"{h['idle median']:.1f} ms.\nThe event loop's callbacks during the load: the most "
+        f"CPU one took {h['loop cpu']:.1f} ms; the longest took {h['loop wall']:.1f} ms wall: "
+        f"{h['wall cpu']:.1f} ms CPU, {h['wall runqueue']:.1f} ms waiting for a CPU, "
+        f"{h['wall gil']:.1f} ms for the GIL"
     )
 
 
