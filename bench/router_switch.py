@@ -11,8 +11,9 @@ page cache). Each round, for each model in turn:
 - `load`: `POST /models/unload` then `POST /models/load` of the model alone (the switch
   without a request).
 
-It prints each model's medians and spreads over the rounds, and `first / warm`, measured
-in this one run. `--overhead N` then measures what routing adds to a request: N one-token
+It prints each model's medians and spreads over the rounds, `first / warm`, measured in
+this one run, and the server's resident memory after each switch (flat: an unloaded model
+leaves nothing behind). `--overhead N` then measures what routing adds to a request: N one-token
 chat requests to SmolLM2 served by `mlxcel serve -m FILE` and by the router (the model
 loaded), the two servers taking turns, 10 requests at a time; it prints each median and
 router / single.
@@ -59,6 +60,15 @@ def one_token(client: httpx.Client, model: str) -> float:
     )
     response.raise_for_status()
     return time.perf_counter() - start
+
+
+def resident_mib(server: Server) -> int:
+    """The server process's resident memory (Linux /proc), MiB."""
+    assert server.proc is not None
+    for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    return -1
 
 
 def timed(client: httpx.Client, path: str, model: str) -> float:
@@ -126,9 +136,11 @@ def switch(root: Path, rounds: int) -> None:
     with server, httpx.Client(base_url=server.url, timeout=600) as client:
         for name in names:  # converts each GGUF once: later loads read warm disk
             one_token(client, name)
+        rss: list[int] = []
         for _ in range(rounds):
             for name in names:
                 figures["first", name].append(one_token(client, name))
+                rss.append(resident_mib(server))
                 figures["warm", name].append(one_token(client, name))
                 timed(client, "/models/unload", name)
                 figures["load", name].append(timed(client, "/models/load", name))
@@ -145,6 +157,7 @@ def switch(root: Path, rounds: int) -> None:
             print(f"  {label}: median {statistics.median(values):.3f} s ({low:.3f}-{high:.3f})")
         first = statistics.median(figures["first", name])
         print(f"  first / warm: {first / statistics.median(figures['warm', name]):.1f}x")
+    print(f"server RSS after each switch, MiB: {' '.join(str(r) for r in rss)}")
 
 
 if __name__ == "__main__":

@@ -101,7 +101,10 @@ class ModelPool:
         load: Loader,
         stop: Stopper,
         memory_budget: Callable[[], int | None] = lambda: None,
+        release: Callable[[], None] = lambda: None,
     ) -> None:
+        """`load` fills a model's state, `stop` stops what it started; `release` returns the
+        memory of models stopped and dropped to the system."""
         self.models = [RoutedModel(entry) for entry in entries]
         self.models_max = models_max
         self.autoload = autoload
@@ -109,6 +112,7 @@ class ModelPool:
         self._load = load
         self._stop = stop
         self._memory_budget = memory_budget
+        self._release = release
         self._by_name = {name: m for m in self.models for name in m.entry.names()}
         self._lock = threading.Lock()  # guards every model's service/loading
         self._load_lock = threading.Lock()  # one load at a time
@@ -198,6 +202,8 @@ class ModelPool:
             self._load(state)
         except Exception as exc:
             self._stop(state)
+            del state
+            self._release()
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LoadFailed(f"model {model.entry.name} could not be loaded: {text}") from None
         return Service(state, self._make_app(state))
@@ -251,6 +257,8 @@ class ModelPool:
             flush=True,
         )
         self._stop(service.state)
+        del service
+        self._release()
         return True
 
     # ------------------------------------------------------------------ reload
@@ -288,17 +296,20 @@ class ModelPool:
             return False
         threading.Thread(
             target=self._stop_when_idle,
-            args=(service, model.entry.stop_timeout),
+            args=([service], model.entry.stop_timeout),  # the thread keeps no reference
             name="mlxcel-router-unload",
             daemon=True,
         ).start()
         return True
 
-    def _stop_when_idle(self, service: Service, timeout: float) -> None:
+    def _stop_when_idle(self, box: list[Service], timeout: float) -> None:
+        service = box.pop()
         deadline = time.monotonic() + timeout
         while service.in_flight and time.monotonic() < deadline:
             time.sleep(0.05)
         self._stop(service.state)
+        del service
+        self._release()
 
     def stop_all(self) -> None:
         """Stop every loaded model (the server is stopping)."""

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 
 from mlxcel.config import Settings, SettingsError
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.process_memory import release_memory
 from mlxcel.server.app import cors_options, guard_options, normalize_prefix
 from mlxcel.server.boot import announce, check_settings, load_into, stop_services
 from mlxcel.server.io_timeout import IoTimeout
@@ -76,6 +77,7 @@ def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serv
         load=_load_and_announce,
         stop=stop_services,
         memory_budget=memory_budget,
+        release=release_memory,
     )
     state = ServerState(settings=settings, text_engine=False)
     wait = float(settings.timeout) if settings.timeout > 0 else DEFAULT_LOAD_WAIT_SECONDS
