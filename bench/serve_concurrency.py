@@ -23,9 +23,14 @@ other settings at their defaults), the load batched sampling is for. The server
 own sampler closure, called row by row: the path before batched sampling); with both in
 `-s`, the ratio batched / per-request is printed per client count.
 
+`--context N`: every client's prompt is padded to about N tokens (its own filler, the same
+in every repetition: after the warm-up the prompt cache holds it, so a round measures
+decoding against N keys). `--kv-types f32,f16`: one `mlxcel serve` per KV cache type
+(`-ctk/-ctv`), named `mlxcel-<type>`, measured alternately.
+
     .venv/bin/python bench/serve_concurrency.py [-m MLX_DIR] [-n TOKENS] [-r REPS] [--mixed]
         [-s mlxcel,mlxcel-per-request,mlx_lm,mlx_lm+blas] [--route chat|completions]
-        [--blas-threads N] [--client lean|httpx]
+        [--blas-threads N] [--client lean|httpx] [--context N] [--kv-types f32,f16]
 """
 
 from __future__ import annotations
@@ -80,12 +85,32 @@ class _BudgetSpent(Exception):
 MIXED_TEMPERATURES = (0.0, 0.5, 0.7, 0.9, 1.1, 1.3, 0.6, 0.8)
 
 
+def _padded_prompts(model: Path, context: int) -> list[str]:
+    """`PROMPTS`, each after a filler of its own making it about `context` tokens long."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    out = []
+    for i, prompt in enumerate(PROMPTS):
+        unit = f"Note {i}: the archive keeps record {i} of the survey. "
+        per_unit = max(1, len(tokenizer.encode(unit).ids))
+        out.append(unit * max(0, (context - 40) // per_unit) + prompt)
+    return out
+
+
 def _bodies(
-    n_clients: int, tokens: int, bias: dict[str, float], *, mixed: bool = False, route: str = "chat"
+    n_clients: int,
+    tokens: int,
+    bias: dict[str, float],
+    *,
+    mixed: bool = False,
+    route: str = "chat",
+    prompts: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     bodies: list[dict[str, Any]] = []
+    prompts = prompts or list(PROMPTS)
     for i in range(n_clients):
-        prompt = PROMPTS[i % len(PROMPTS)]
+        prompt = prompts[i % len(prompts)]
         body: dict[str, Any] = (
             {"messages": [{"role": "user", "content": prompt}]}
             if route == "chat"
@@ -122,6 +147,10 @@ def main() -> None:
         help="load generator: a bare connection per stream, or httpx.AsyncClient",
     )
     parser.add_argument("--budget", type=float, default=900.0, help="stop after this many s")
+    parser.add_argument("--context", type=int, default=0, help="prompt tokens (0: short)")
+    parser.add_argument(
+        "--kv-types", default="", help="mlxcel servers per KV cache type, e.g. f32,f16"
+    )
     parser.add_argument(
         "--blas-threads",
         type=int,
@@ -143,8 +172,15 @@ def main() -> None:
     wanted = args.servers.split(",")
     blas = system_openblas()
     servers: dict[str, Server] = {}
-    if "mlxcel" in wanted:
-        servers["mlxcel"] = mlxcel_server(model, "-np", str(slots), "-c", str(2048 * slots))
+    per_slot = max(2048, args.context + args.tokens + 256)
+    prompts = _padded_prompts(model, args.context) if args.context else None
+    if "mlxcel" in wanted and args.kv_types:
+        for kv in args.kv_types.split(","):
+            servers[f"mlxcel-{kv}"] = mlxcel_server(
+                model, "-np", str(slots), "-c", str(per_slot * slots), "-ctk", kv, "-ctv", kv
+            )
+    elif "mlxcel" in wanted:
+        servers["mlxcel"] = mlxcel_server(model, "-np", str(slots), "-c", str(per_slot * slots))
     if "mlxcel-per-request" in wanted:
         server = mlxcel_server(model, "-np", str(slots), "-c", str(2048 * slots))
         server.env["MLXCEL_BATCHED_SAMPLING"] = "0"
@@ -168,7 +204,7 @@ def main() -> None:
     try:
         for server in servers.values():
             server.start()
-            warm = _bodies(slots, 4, bias, mixed=args.mixed, route=args.route)
+            warm = _bodies(slots, 4, bias, mixed=args.mixed, route=args.route, prompts=prompts)
             asyncio.run(  # warm-up
                 concurrent_round(server.url, warm, route=args.route, client=args.client)
             )
@@ -177,7 +213,9 @@ def main() -> None:
                 for name, server in servers.items():
                     if time.monotonic() > deadline:
                         raise _BudgetSpent
-                    bodies = _bodies(n, args.tokens, bias, mixed=args.mixed, route=args.route)
+                    bodies = _bodies(
+                        n, args.tokens, bias, mixed=args.mixed, route=args.route, prompts=prompts
+                    )
                     cpu, own = _cpu_seconds(server), time.process_time()
                     results = asyncio.run(
                         concurrent_round(server.url, bodies, route=args.route, client=args.client)
@@ -228,7 +266,7 @@ def main() -> None:
     for name in servers:
         if top > one and (name, top) in med and (name, one) in med and med[(name, one)] > 0:
             ratio = med[(name, top)] / med[(name, one)]
-            target = f" (target >= {TARGET_SCALING}x)" if name == "mlxcel" else ""
+            target = f" (target >= {TARGET_SCALING}x)" if name.startswith("mlxcel") else ""
             print(f"{name}: {top} clients / {one} client = {ratio:.2f}x{target}")
     if "mlxcel" in servers and "mlxcel-per-request" in servers:
         for n in levels:

@@ -119,6 +119,35 @@ def test_stop_sequences_and_other_public_names() -> None:
     assert callable(TokenizerWrapper)
 
 
+def test_the_cache_classes_the_kv_types_build_on() -> None:
+    """`engine/text/kv_types.py` subclasses these and `slot_files.py` saves with them."""
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import (
+        BatchKVCache,
+        BatchRotatingKVCache,
+        QuantizedKVCache,
+        RotatingKVCache,
+        create_causal_mask,
+        dynamic_roll,
+        load_prompt_cache,
+        save_prompt_cache,
+    )
+
+    for cls in (BatchKVCache, BatchRotatingKVCache):
+        for method in ("merge", "extract", "filter", "extend", "prepare", "finalize"):
+            assert callable(getattr(cls, method, None)), f"{cls.__name__} lost {method!r}"
+    assert callable(RotatingKVCache.merge)
+    quantized = QuantizedKVCache(group_size=32, bits=8)
+    assert (quantized.group_size, quantized.bits) == (32, 8)
+    assert _params(base.quantized_scaled_dot_product_attention) == [
+        "queries", "q_keys", "q_values", "scale", "mask", "group_size", "bits",
+    ]  # fmt: skip
+    assert "left_padding" in _params(create_causal_mask)
+    assert _params(dynamic_roll) == ["x", "shifts", "axis"]
+    assert _params(save_prompt_cache) == ["file_name", "cache", "metadata"]
+    assert _params(load_prompt_cache) == ["file_name", "return_metadata"]
+
+
 # -- behaviour ----------------------------------------------------------------------------
 
 
