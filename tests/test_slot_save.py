@@ -170,5 +170,33 @@ def test_a_file_of_another_kv_type_or_model_is_refused(tmp_path: Path) -> None:
     assert SlotFiles(tmp_path, target, "f16", "m").restore(1, "a.bin").n_tokens == 20
     assert target.lookup(list(range(25)))[1] == 20  # loaded on the lookup
     held = target.slot_entry(1)
-    assert held is not None and held[1][0].keys.dtype == mx.float16
-    assert type(held[1][0]) is type(layer[0])
+    assert held is not None and held[:2] == (list(range(20)), 20)
+    assert held[2][0].keys.dtype == mx.float16 and type(held[2][0]) is type(layer[0])
+
+
+def test_a_slot_extended_by_a_longer_sequence_saves_its_own_tokens(tmp_path: Path) -> None:
+    """The entry serving slot 0 grew (slot 1 continued the same tokens): the file holds
+    the entry, the restore gives back slot 0's 20 tokens only."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from mlxcel.engine.text.kv_types import kv_type, typed_cache
+    from mlxcel.engine.text.prompt_cache import PromptCache
+    from mlxcel.engine.text.slot_files import SlotFiles
+
+    cache = PromptCache()
+    rows = mx.random.normal((1, 2, 30, 32))
+    for slot, n in ((0, 20), (1, 30)):
+        layer = typed_cache([KVCache()], kv_type("f16"))
+        layer[0].update_and_fetch(rows[:, :, :n], rows[:, :, :n])
+        cache.insert(list(range(n)), layer, slot=slot)
+    assert len(cache) == 1  # the longer entry replaced the shorter one
+    found = cache.slot_entry(0)
+    assert found is not None and found[:2] == (list(range(20)), 30)
+    assert SlotFiles(tmp_path, cache, "f16", "m").save(0, "s0.bin").n_tokens == 20
+    target = PromptCache()
+    assert SlotFiles(tmp_path, target, "f16", "m").restore(0, "s0.bin").n_tokens == 20
+    assert target.lookup(list(range(28)))[1] == 20
+    restored = target.slot_entry(0)
+    assert restored is not None and restored[1] == 20
+    assert mx.array_equal(restored[2][0].keys, rows[:, :, :20].astype(mx.float16))

@@ -319,10 +319,10 @@ class PromptCache:
 
     # -------------------------------------------------------------------- any thread
 
-    def slot_entry(self, slot: int) -> tuple[list[int], list[Any]] | None:
-        """The tokens `slot` last held and a cache of exactly them (None: nothing cached).
-        The cache's arrays are evaluated unless the entry holds more than the slot's tokens
-        (it is then cut lazily)."""
+    def slot_entry(self, slot: int) -> tuple[list[int], int, list[Any]] | None:
+        """The tokens `slot` last held, and the entry serving them: its token count (the
+        slot's, or more when a longer sequence extended them) and its cache, whose arrays
+        are evaluated (reading them runs no MLX work). None: nothing cached."""
         with self._lock:
             tokens = self._slot_tokens.get(slot)
             if not tokens:
@@ -330,9 +330,7 @@ class PromptCache:
             entry = self._covering(tokens, block_hashes(tokens, self.block_size))
             if entry is None:
                 return None
-            if len(entry.tokens) == len(tokens):
-                return tokens, entry.cache
-        return tokens, _copy_prefix(entry.cache, len(tokens), len(entry.tokens))
+            return tokens, len(entry.tokens), entry.cache
 
     def erase_slot(self, slot: int) -> int:
         """Forget what `slot` held and drop the entry that served it; its token count."""

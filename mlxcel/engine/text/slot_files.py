@@ -6,9 +6,11 @@ tokens the cache holds, the KV cache type and the model, so a file is restored o
 a server of the same model and type. File names are confined to DIR: empty names, path
 separators, `.`/`..`, leading or trailing spaces, a trailing dot, control characters, more
 than 255 bytes and symbolic links are refused. A save is written to a temporary name and
-renamed into place. A restore reads the file's header (no MLX) to check it and answer;
-the engine thread loads the arrays (mlx-lm's `load_prompt_cache`) before its next
-prompt-cache lookup.
+renamed into place; it writes the prompt-cache entry's evaluated arrays as they are (when
+a longer sequence extended the slot's tokens, the entry's extra tokens too, cut off at
+restore), so no MLX work runs outside the engine thread. A restore reads the file's header
+(no MLX) to check it and answer; the engine thread loads the arrays (mlx-lm's
+`load_prompt_cache`) before its next prompt-cache lookup.
 """
 
 from __future__ import annotations
@@ -144,13 +146,14 @@ class SlotFiles:
 
         start = time.perf_counter()
         path = slot_path(self.directory, filename)
-        held = self._cache().slot_entry(slot)
-        if held is None:
+        found = self._cache().slot_entry(slot)
+        if found is None:
             raise SlotFileError(f"slot {slot} holds no cached tokens to save")
-        tokens, cache = held
+        tokens, held, cache = found
         meta = {
             "format": _FORMAT,
             "tokens": json.dumps(tokens),
+            "held": str(held),  # the cache's tokens: more than `tokens` are cut at restore
             "kv_type": self.kv_type,
             "model": self.model,
         }
@@ -186,7 +189,13 @@ class SlotFiles:
                 raise ValueError("tokens")
         except ValueError:
             raise SlotFileError("Unable to restore slot: invalid slot save file") from None
-        cache.restore(slot, tokens, _loader(path, self.kv_type))
+        try:
+            held = int(meta.get("held", len(tokens)))
+        except ValueError:
+            raise SlotFileError("Unable to restore slot: invalid slot save file") from None
+        if held < len(tokens):
+            raise SlotFileError("Unable to restore slot: invalid slot save file")
+        cache.restore(slot, tokens, _loader(path, self.kv_type, held - len(tokens)))
         return SlotFileResult(path.name, len(tokens), size, (time.perf_counter() - start) * 1000)
 
     def erase(self, slot: int) -> int:
@@ -194,9 +203,10 @@ class SlotFiles:
         return self.cache.erase_slot(slot) if self.cache is not None else 0
 
 
-def _loader(path: Path, kv_type: str) -> Callable[[], list[Any]]:
+def _loader(path: Path, kv_type: str, extra: int) -> Callable[[], list[Any]]:
     """Engine thread: read `path` with mlx-lm's `load_prompt_cache` (through a hard link
-    named `.safetensors`, the name MLX reads the format from) into the engine's KV classes."""
+    named `.safetensors`, the name MLX reads the format from) into the engine's KV classes,
+    its last `extra` tokens (past the slot's) trimmed off."""
 
     def load() -> list[Any]:
         from mlx_lm.models.cache import load_prompt_cache
@@ -210,6 +220,9 @@ def _loader(path: Path, kv_type: str) -> Callable[[], list[Any]]:
             cache = load_prompt_cache(str(link))
         finally:
             link.unlink(missing_ok=True)
+        if extra:
+            for layer in cache:
+                layer.trim(extra)
         return typed_cache(cache, named_type(kv_type) if kv_type else None)
 
     return load
