@@ -310,3 +310,29 @@ def test_reload_adds_removes_and_unloads_changed_models() -> None:
     assert loads.stopped == ["b"]
     use(p, "b")
     assert p.models[1].entry.weight_bytes == 999 and status(p)["b"] == "loaded"
+
+
+def test_switching_real_models_stops_their_engines(
+    tiny_llama_dir: Path, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """At --models-max 1 every switch stops the evicted model's engine thread, and all
+    loads share one loader thread: switching leaves no Python thread behind."""
+    from mlxcel.server.router.serve import model_reader, router_pool
+
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "a").symlink_to(tiny_llama_dir)
+    (root / "b.gguf").symlink_to(tiny_gguf)
+    settings = Settings(models_dir=str(root), models_max=1, ctx_size=256)
+    p = router_pool(settings, model_reader(settings)())
+    try:
+        use(p, "a")
+        before = sorted(t.name for t in threading.enumerate())
+        for name in ("b", "a", "b", "a"):
+            use(p, name)
+            assert sum(m.status is ModelStatus.LOADED for m in p.models) == 1
+        time.sleep(0.2)
+        assert sorted(t.name for t in threading.enumerate()) == before
+        assert before.count("mlxcel-engine") == 1
+    finally:
+        p.stop_all()

@@ -2,7 +2,7 @@
 
 Each loaded model is a `Service`: its own `ServerState`, filled by `boot.load_into` exactly
 as a single-model server's, and its own app (`app.create_app`). Loads run one at a time on
-a loader thread, never on the event loop; a request for a model that is loading waits for
+the loader thread, never on the event loop; a request for a model that is loading waits for
 that one load. Before a load, room is made: at `--models-max` the least recently used
 model that is neither pinned nor serving a request is unloaded, and so are idle models
 while the new model's weights would not fit the memory budget (`MLXCEL_REQUEST_MEMORY_BUDGET`,
@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp
@@ -115,7 +115,11 @@ class ModelPool:
         self._release = release
         self._by_name = {name: m for m in self.models for name in m.entry.names()}
         self._lock = threading.Lock()  # guards every model's service/loading
-        self._load_lock = threading.Lock()  # one load at a time
+        # One loader thread for all loads (one at a time), and a few threads that stop
+        # unloaded models: threads that live on, as a thread that first uses MLX keeps
+        # MLX's per-thread state (its streams) for the life of the process.
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="mlxcel-router-load")
+        self._stopper = ThreadPoolExecutor(4, thread_name_prefix="mlxcel-router-unload")
 
     # ------------------------------------------------------------------ lookup
 
@@ -147,9 +151,7 @@ class ModelPool:
             model.loading = future
             model.failure = None
             model.last_used = time.monotonic()
-        threading.Thread(
-            target=self._run_load, args=(model, future), name="mlxcel-router-load", daemon=True
-        ).start()
+        self._loader.submit(self._run_load, model, future)
         return future
 
     async def ready(self, model: RoutedModel, timeout: float | None) -> Service:
@@ -181,9 +183,8 @@ class ModelPool:
 
     def _run_load(self, model: RoutedModel, future: Future[Service]) -> None:
         try:
-            with self._load_lock:
-                self._make_room(model)
-                service = self._build(model)
+            self._make_room(model)
+            service = self._build(model)
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter
             with self._lock:
                 model.loading = None
@@ -294,12 +295,9 @@ class ModelPool:
             service, model.service = model.service, None
         if service is None:
             return False
-        threading.Thread(
-            target=self._stop_when_idle,
-            args=([service], model.entry.stop_timeout),  # the thread keeps no reference
-            name="mlxcel-router-unload",
-            daemon=True,
-        ).start()
+        box = [service]  # the thread pops it: nothing keeps the model once it stopped
+        del service
+        self._stopper.submit(self._stop_when_idle, box, model.entry.stop_timeout)
         return True
 
     def _stop_when_idle(self, box: list[Service], timeout: float) -> None:
@@ -319,3 +317,5 @@ class ModelPool:
                 m.service = None
         for service in services:
             self._stop(service.state)
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        self._stopper.shutdown(wait=False, cancel_futures=True)

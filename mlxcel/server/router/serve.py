@@ -55,10 +55,11 @@ def _load_and_announce(state: ServerState) -> None:
     announce(state)
 
 
-def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serving:
-    """Everything a router server runs (SettingsError when it cannot start)."""
-    if settings.metrics_port is not None and settings.metrics_port != settings.port:
-        raise SettingsError("--metrics-port: not in router mode; use GET /metrics?model=NAME")
+def model_reader(
+    settings: Settings, cli_fields: Collection[str] = ()
+) -> Callable[[], list[ModelEntry]]:
+    """What reads the router's models (at start and on `?reload=1`): the catalog, checked,
+    its warnings printed (SettingsError when it cannot be read or is empty)."""
 
     def read_models() -> list[ModelEntry]:
         catalog = build_catalog(settings, cli_fields)
@@ -69,8 +70,13 @@ def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serv
             print(f"mlxcel: warning: {line}", file=sys.stderr, flush=True)
         return catalog.entries
 
-    pool = ModelPool(
-        read_models(),
+    return read_models
+
+
+def router_pool(settings: Settings, entries: list[ModelEntry]) -> ModelPool:
+    """The pool of `entries`, loading each model as `mlxcel serve -m` loads it."""
+    return ModelPool(
+        entries,
         models_max=settings.models_max,
         autoload=settings.models_autoload,
         make_app=_model_app,
@@ -79,6 +85,14 @@ def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serv
         memory_budget=memory_budget,
         release=release_memory,
     )
+
+
+def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serving:
+    """Everything a router server runs (SettingsError when it cannot start)."""
+    if settings.metrics_port is not None and settings.metrics_port != settings.port:
+        raise SettingsError("--metrics-port: not in router mode; use GET /metrics?model=NAME")
+    read_models = model_reader(settings, cli_fields)
+    pool = router_pool(settings, read_models())
     state = ServerState(settings=settings, text_engine=False)
     wait = float(settings.timeout) if settings.timeout > 0 else DEFAULT_LOAD_WAIT_SECONDS
     return Serving(
