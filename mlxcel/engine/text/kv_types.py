@@ -419,6 +419,21 @@ def typed_cache(cache: list[Any], kv: KVType | None) -> list[Any]:
     return cache
 
 
+def plain_cache(cache: list[Any]) -> list[Any]:
+    """`cache` as mlx-lm's own classes, the same arrays (what `load_prompt_cache` can name
+    when it reads a file `save_prompt_cache` wrote); `typed_cache` turns it back."""
+    out: list[Any] = []
+    for layer in cache:
+        for base in (KVCache, QuantizedKVCache, RotatingKVCache):
+            if isinstance(layer, base) and type(layer) is not base:
+                plain = base.__new__(base)
+                plain.__dict__.update(layer.__dict__)
+                layer = plain
+                break
+        out.append(layer)
+    return out
+
+
 def make_cache(model: Any, kv: KVType | None) -> list[Any]:
     """A fresh KV cache for `model` in type `kv` (None: mlx-lm's, in the model's dtype)."""
     return typed_cache(make_prompt_cache(model), kv)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
+    from mlxcel.engine.text.prompt_disk import DiskStats, DiskTier
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class CacheStats:
     rejections_oversized: int
     total_blocks_stored: int
     unique_block_hashes: int
+    disk: DiskStats | None = None  # the disk tier's (None: no disk tier)
 
     @property
     def hit_rate(self) -> float:
@@ -189,6 +191,7 @@ class PromptCache:
         max_entries: int = DEFAULT_MAX_ENTRIES,
         block_size: int = BLOCK_SIZE,
         clock: Callable[[], float] = time.monotonic,
+        disk: DiskTier | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
@@ -199,6 +202,7 @@ class PromptCache:
         self.max_entries = max_entries
         self.block_size = block_size
         self._clock = clock
+        self.disk = disk  # evicted entries go there, lookups look there too
         self._lock = threading.Lock()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
         self._index: dict[bytes, set[int]] = {}
@@ -214,12 +218,13 @@ class PromptCache:
         self._restores: list[tuple[int, list[int], Callable[[], list[Any]]]] = []
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> PromptCache | None:
-        """The server's cache per `--cache-prompt`, `--cache-ram` (MiB) and the TTL; or None."""
+    def from_settings(cls, settings: Settings, disk: DiskTier | None = None) -> PromptCache | None:
+        """The server's cache per `--cache-prompt`, `--cache-ram` (MiB) and the TTL, over
+        `disk` (None: RAM only); or None."""
         if not settings.cache_prompt or settings.cache_ram == 0:
             return None
         capacity = -1 if settings.cache_ram < 0 else settings.cache_ram * 1024 * 1024
-        return cls(capacity_bytes=capacity, ttl_secs=float(settings.cache_ttl_secs))
+        return cls(capacity_bytes=capacity, ttl_secs=float(settings.cache_ttl_secs), disk=disk)
 
     # ------------------------------------------------------------------ engine thread
 
@@ -232,6 +237,8 @@ class PromptCache:
         self._load_restores()
         tokens = list(tokens)
         hashes = block_hashes(tokens, self.block_size)
+        if self.disk is not None:
+            self._load_from_disk(tokens, hashes)
         with self._lock:
             self._expire(self._clock())
             self.lookups += 1
@@ -289,11 +296,16 @@ class PromptCache:
                 self._index.setdefault(digest, set()).add(entry.id)
             self._bytes += nbytes
             self.inserts += 1
+            evicted = []
             while len(self._entries) > self.max_entries or (0 <= self.capacity_bytes < self._bytes):
                 oldest = next(iter(self._entries.values()))
                 self._drop(oldest)
                 self.evictions_lru += 1
-            return True
+                evicted.append(oldest)
+        if self.disk is not None:
+            for old in evicted:  # out of RAM, onto the disk tier
+                self.disk.write(old.tokens, old.cache)
+        return True
 
     def _touch_covering(self, tokens: list[int], hashes: list[bytes]) -> bool:
         """Whether an entry already serves `tokens` (it then counts as recently used)."""
@@ -306,6 +318,28 @@ class PromptCache:
             covering.last_used = now
             self._entries.move_to_end(covering.id)
             return True
+
+    def _load_from_disk(self, tokens: list[int], hashes: list[bytes]) -> None:
+        """Engine thread: bring the disk tier's entry in when it holds a longer prefix of
+        `tokens` than RAM does."""
+        assert self.disk is not None
+        with self._lock:
+            _, in_ram = self._best_match(tokens, hashes)
+        entry, on_disk = self.disk.best(tokens, len(tokens) - 1)
+        if entry is None or on_disk <= in_ram or on_disk < self.block_size:
+            return
+        cache = self.disk.load(entry)
+        if cache is not None:
+            self.insert(entry.tokens, cache)
+
+    def persist(self) -> int:
+        """Write every RAM entry to the disk tier (at shutdown, the engine stopped); how many
+        were written (0 without a disk tier)."""
+        if self.disk is None:
+            return 0
+        with self._lock:
+            entries = list(self._entries.values())
+        return sum(self.disk.write(entry.tokens, entry.cache) for entry in entries)
 
     def _load_restores(self) -> None:
         """Engine thread: read the caches `restore` queued and insert them."""
@@ -367,6 +401,7 @@ class PromptCache:
                 rejections_oversized=self.rejections_oversized,
                 total_blocks_stored=sum(len(e.hashes) for e in self._entries.values()),
                 unique_block_hashes=len(self._index),
+                disk=self.disk.stats() if self.disk is not None else None,
             )
 
     def reset(self) -> CacheReset:

@@ -70,22 +70,6 @@ def slot_path(directory: Path, filename: object) -> Path:
     return path
 
 
-def _plain(cache: list[Any]) -> list[Any]:
-    """The cache as mlx-lm's own classes (what `load_prompt_cache` can name)."""
-    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
-
-    out: list[Any] = []
-    for layer in cache:
-        for base in (KVCache, QuantizedKVCache, RotatingKVCache):
-            if isinstance(layer, base) and type(layer) is not base:
-                plain = base.__new__(base)
-                plain.__dict__.update(layer.__dict__)
-                layer = plain
-                break
-        out.append(layer)
-    return out
-
-
 def _read_header(path: Path) -> tuple[dict[str, str], int]:
     """A safetensors file's metadata and its size, checked against the header's tensors
     (SlotFileError when it is not a whole safetensors file)."""
@@ -144,6 +128,8 @@ class SlotFiles:
         """Write what `slot` holds to `filename` (SlotFileError: a bad name, an empty slot)."""
         from mlx_lm.models.cache import save_prompt_cache
 
+        from mlxcel.engine.text.kv_types import plain_cache
+
         start = time.perf_counter()
         path = slot_path(self.directory, filename)
         found = self._cache().slot_entry(slot)
@@ -159,7 +145,7 @@ class SlotFiles:
         }
         temp = self.directory / f".{path.name}.{uuid.uuid4().hex}.safetensors"
         try:
-            save_prompt_cache(str(temp), _plain(cache), meta)
+            save_prompt_cache(str(temp), plain_cache(cache), meta)
             os.replace(temp, path)
         except OSError as exc:
             raise SlotFileError(f"Unable to save slot: {exc.strerror or exc}") from None
