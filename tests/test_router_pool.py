@@ -4,8 +4,10 @@ the preset file (the end-to-end tests are tests/test_router.py)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -315,8 +317,8 @@ def test_reload_adds_removes_and_unloads_changed_models() -> None:
 def test_switching_real_models_stops_their_engines(
     tiny_llama_dir: Path, tiny_gguf: Path, tmp_path: Path
 ) -> None:
-    """At --models-max 1 every switch stops the evicted model's engine thread, and all
-    loads share one loader thread: switching leaves no Python thread behind."""
+    """At --models-max 1 every switch stops and frees the evicted model's engine, and all
+    loads share one loader thread: switching leaves no engine or Python thread behind."""
     from mlxcel.server.router.serve import model_reader, router_pool
 
     root = tmp_path / "models"
@@ -329,10 +331,18 @@ def test_switching_real_models_stops_their_engines(
         use(p, "a")
         before = sorted(t.name for t in threading.enumerate())
         for name in ("b", "a", "b", "a"):
+            service = p.models[0].service or p.models[1].service
+            assert service is not None and service.state.engine is not None
+            gone = weakref.ref(service.state.engine)
+            del service
             use(p, name)
             assert sum(m.status is ModelStatus.LOADED for m in p.models) == 1
+            # the evicted engine is freed, though loads freeze what they loaded out of the
+            # cyclic collector (the engine holds cycles)
+            assert gone() is None
         time.sleep(0.2)
         assert sorted(t.name for t in threading.enumerate()) == before
         assert before.count("mlxcel-engine") == 1
     finally:
         p.stop_all()
+        gc.unfreeze()

@@ -8,6 +8,7 @@ with the reason. Once listening, the `load-on-startup` models load.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable, Collection
 
@@ -51,8 +52,20 @@ def check_catalog(catalog: Catalog) -> None:
 
 
 def _load_and_announce(state: ServerState) -> None:
+    """Load a model as `mlxcel serve -m` does; what it loaded joins the objects the cyclic
+    collector's full passes skip (as the runner does after a single model's load)."""
     load_into(state)
     announce(state)
+    gc.freeze()
+
+
+def release_unloaded() -> None:
+    """Return an unloaded model's memory: frozen objects are never collected, and a model's
+    engine holds reference cycles, so the loaded objects are unfrozen for one collection
+    (`release_memory`) and the models still loaded frozen again."""
+    gc.unfreeze()
+    release_memory()
+    gc.freeze()
 
 
 def model_reader(
@@ -83,7 +96,7 @@ def router_pool(settings: Settings, entries: list[ModelEntry]) -> ModelPool:
         load=_load_and_announce,
         stop=stop_services,
         memory_budget=memory_budget,
-        release=release_memory,
+        release=release_unloaded,
     )
 
 
