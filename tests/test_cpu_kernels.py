@@ -258,12 +258,12 @@ def test_8bit_tiles_give_the_rounded_x_product(
 
 
 @pytest.mark.parametrize("bits", [2, 3, 5, 6])
-def test_other_widths_ride_the_8bit_tiles(kernels: ModuleType, bits: int) -> None:
-    """2/3/5/6-bit codes (GGUF's Q5_0/Q5_1 load as 5-bit groups of 32) are unpacked from
-    MLX's bit stream into the 8-bit tiles: exactly MLX's dequantized rows, and the product
-    of the int8-rounded x with the dequantized weight; the layer swap tiles such a layer
-    and keeps its bit width."""
-    from mlxcel.engine.cpu_kernels.layers import codes, use_cpu_kernels
+def test_other_widths_ride_the_8bit_or_5bit_tiles(kernels: ModuleType, bits: int) -> None:
+    """2/3/6-bit codes are unpacked from MLX's bit stream into the 8-bit tiles, 5-bit ones
+    (GGUF's Q5_0/Q5_1 load as 5-bit groups of 32) into the 5-bit tiles: exactly MLX's
+    dequantized rows, and the product of the int8-rounded x with the dequantized weight;
+    the layer swap tiles such a layer and keeps its bit width."""
+    from mlxcel.engine.cpu_kernels.layers import codes, tile_bits, use_cpu_kernels
 
     if not kernels.int8():
         pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
@@ -276,12 +276,14 @@ def test_other_widths_ride_the_8bit_tiles(kernels: ModuleType, bits: int) -> Non
     assert values.shape == (n, k) and int(values.max()) < 2**bits
     per_value = np.repeat(np.array(scales), group, 1), np.repeat(np.array(biases), group, 1)
     assert np.array_equal(values * per_value[0] + per_value[1], dense)
+    width = tile_bits(bits)
+    assert width == (5 if bits == 5 else 8)
     tiles = pack_int8(packed, scales, biases, group, bits=bits)
-    assert tiles.shape == ((n + 15) // 16, k // 32, 576)
+    assert tiles.shape == ((n + 15) // 16, k // 32, 16 * 32 * width // 8 + 64)
     ids = mx.array([0, 15, 16, 69])
-    assert np.array_equal(np.array(tile_rows(tiles, ids, 8, k)), dense[np.array(ids)])
+    assert np.array_equal(np.array(tile_rows(tiles, ids, width, k)), dense[np.array(ids)])
     x = mx.random.normal((5, k), key=mx.random.key(bits))
-    got = np.array(kernels.packed_matmul(x, tiles, n, 8))
+    got = np.array(kernels.packed_matmul(x, tiles, n, width))
     want = _rounded_x(np.array(x)) @ dense.T
     np.testing.assert_allclose(got, want, atol=2e-4 * np.abs(want).max(), rtol=1e-4)
     model = nn.Sequential(nn.Linear(k, n, bias=False))
@@ -290,8 +292,33 @@ def test_other_widths_ride_the_8bit_tiles(kernels: ModuleType, bits: int) -> Non
     layer.weight, layer.scales, layer.biases = packed, scales, biases
     assert use_cpu_kernels(model, kernels, dense=False) == 1
     tiled = model.layers[0]
-    assert isinstance(tiled, KernelPackedLinear) and (tiled.bits, tiled.tile_bits) == (bits, 8)
+    assert isinstance(tiled, KernelPackedLinear) and (tiled.bits, tiled.tile_bits) == (bits, width)
     np.testing.assert_allclose(np.array(tiled(x)), got, atol=1e-6 * np.abs(want).max())
+
+
+def test_5bit_tiles_give_the_8bit_tiles_products_bit_for_bit(
+    kernels: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 5-bit tiles (4-bit nibbles and a plane of fifth bits: 384 bytes a block where the
+    8-bit tiles take 576) hold the same codes: every product, for 1 to 17 rows of x, equals
+    the one on 8-bit tiles of the same weight bit for bit."""
+    from mlxcel.engine.cpu_kernels import layers
+
+    if not kernels.int8():
+        pytest.skip("this CPU has no AVX-512 VNNI: there are no int8 tiles")
+    for n, k, group in ((70, 160, 32), (33, 512, 64), (1024, 640, 32)):
+        packed, scales, biases, _ = _weights(n, k, 5, group, seed=n)
+        scales = scales.astype(mx.float16).astype(mx.float32)
+        biases = biases.astype(mx.float16).astype(mx.float32)
+        five = pack_int8(packed, scales, biases, group, bits=5)
+        with monkeypatch.context() as patch:
+            patch.setattr(layers, "tile_bits", lambda bits: 8)
+            eight = pack_int8(packed, scales, biases, group, bits=5)
+        assert (five.shape[2], eight.shape[2]) == (384, 576)
+        for m in (1, 2, 3, 5, 8, 17):
+            x = mx.random.normal((m, k), key=mx.random.key(m))
+            got = np.array(kernels.packed_matmul(x, five, n, 5))
+            assert np.array_equal(got, np.array(kernels.packed_matmul(x, eight, n, 8))), (n, m)
 
 
 @pytest.mark.parametrize("bits", [4, 5, 8])

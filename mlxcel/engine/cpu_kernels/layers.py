@@ -7,10 +7,11 @@ Where the CPU has AVX-512 VNNI (the int8 path), a 2- to 8-bit linear layer whose
 and biases are exact in float16 (GGUF's always are) becomes a `KernelPackedLinear`: its
 weight is repacked once into the kernel's int8 tiles (`pack_int8`: every 16 rows stored
 block by block with their float16 block scales, one sequential stream; 4-bit codes as
-nibbles, other widths, GGUF's Q5_0/Q5_1 included, one byte a code) and MLX's three arrays
-are dropped. Every matmul of that layer, a decode step or a 512-row prefill, runs on the tiles
-with int8 activations, each tile read once per call while every row of x passes over it;
-a row's result is therefore the same whatever else shares the call.
+nibbles, 5-bit ones (GGUF's Q5_0/Q5_1) as nibbles and a plane of fifth bits, other widths
+one byte a code) and MLX's three arrays are dropped. Every matmul of that layer, a decode
+step or a 512-row prefill, runs on the tiles with int8 activations, each tile read once per
+call while every row of x passes over it; a row's result is therefore the same whatever
+else shares the call.
 
 Other quantized layers keep MLX's layout: matmuls of up to `KERNEL_MAX_ROWS` rows run on
 the kernel, larger ones on a float32 copy of the weight when one was made (a BLAS GEMM),
@@ -332,8 +333,9 @@ _TILE_ROWS = 16  # weight rows per tile (the kernel's kRowTile)
 
 
 def tile_bits(bits: int) -> int:
-    """The tile width that holds `bits`-bit codes: 4 as they are, 2 to 8 as bytes."""
-    return 4 if bits == 4 else 8
+    """The tile width that holds `bits`-bit codes: 4 and 5 as they are (5: 4-bit nibbles
+    and a plane of fifth bits), the other widths from 2 to 8 as bytes."""
+    return bits if bits in (4, 5) else 8
 
 
 def codes(weight: mx.array, bits: int) -> np.ndarray:
@@ -363,11 +365,13 @@ def pack_int8(
     weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int = 4
 ) -> mx.array:
     """A 2- to 8-bit affine weight ([N, K * bits / 32] uint32, [N, K / group_size] scales
-    and biases) in the int8 kernel's tiles: [ceil(N / 16), K / 32, 320 or 576] uint8, rows
-    past N zero. Per 32-value block a tile holds its 16 rows' weights in groups of 4
-    values (4-bit: one byte per row and value pair k, k + 4, low nibble first; other
-    widths: one byte a value, as 8-bit tiles), each group 16 rows x 4 bytes, then the 16
-    block scales and the 16 block biases as float16. Packed `_PACK_TILES` tiles at a time
+    and biases) in the int8 kernel's tiles: [ceil(N / 16), K / 32, 320, 384 or 576] uint8,
+    rows past N zero. Per 32-value block a tile holds its 16 rows' weights in groups of 4
+    values (4-bit: one byte per row and value pair k, k + 4, low nibble first; 5-bit: the
+    same of the codes' low 4 bits, then their fifth bits, 8 little-endian 64-bit masks, one
+    per group for its low nibbles and one for its high ones, bit i for the group's byte i;
+    other widths: one byte a value, as 8-bit tiles), each group 16 rows x 4 bytes, then the
+    16 block scales and the 16 block biases as float16. Packed `_PACK_TILES` tiles at a time
     straight into the result."""
     n = int(weight.shape[0])
     k = int(weight.shape[1]) * 32 // bits
@@ -396,18 +400,25 @@ def _tile_codes(raw: np.ndarray, tiles: int, k: int, bits: int) -> np.ndarray:
     in the last one: the rest zero), [tiles, blocks, code bytes]."""
     blocks = k // 32
     values = np.zeros((tiles * _TILE_ROWS, k), np.uint8)
-    groups: np.ndarray
     if bits == 4:
         values[: len(raw), 0::2] = raw & 0x0F  # MLX packs the lower nibble first
         values[: len(raw), 1::2] = raw >> 4
-        # [tile, row, block, group, k or k + 4, value in group]
-        split = values.reshape(tiles, _TILE_ROWS, blocks, 4, 2, 4)
-        groups = split[:, :, :, :, 0, :] | (split[:, :, :, :, 1, :] << 4)
     else:
         values[: len(raw)] = _codes_of_rows(raw, bits)
+    if tile_bits(bits) == 8:
         groups = values.reshape(tiles, _TILE_ROWS, blocks, 8, 4)
-    # -> [tile, block, group, row, value in group]
-    return groups.transpose(0, 2, 3, 1, 4).reshape(tiles, blocks, -1)
+        # -> [tile, block, group, row, value in group]
+        return groups.transpose(0, 2, 3, 1, 4).reshape(tiles, blocks, -1)
+    # [tile, row, block, group, k or k + 4, value in group] -> [tile, block, group, k or
+    # k + 4, row, value in group]: a group's byte i is row i / 4, value i % 4
+    split = values.reshape(tiles, _TILE_ROWS, blocks, 4, 2, 4).transpose(0, 2, 3, 4, 1, 5)
+    low = split & 0x0F
+    nibbles = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).reshape(tiles, blocks, -1)
+    if bits == 4:
+        return nibbles
+    # the fifth bits: per group, a 64-bit mask for its low nibbles, then its high ones
+    fifth = np.packbits((split >> 4).reshape(tiles, blocks, 4, 2, 64), axis=4, bitorder="little")
+    return np.concatenate([nibbles, fifth.reshape(tiles, blocks, -1)], axis=2)
 
 
 def _tile_halves(per_block: np.ndarray, tiles: int) -> np.ndarray:
@@ -429,10 +440,16 @@ def tile_rows(tiles: mx.array, ids: mx.array, bits: int, k: int) -> mx.array:
     row = (flat % _TILE_ROWS).reshape(n, 1, 1, 1, 1)
     code_bytes = _TILE_ROWS * 32 * bits // 8  # a block's codes, all 16 rows
     groups = 8 if bits == 8 else 4
-    codes = picked[..., :code_bytes].reshape(n, blocks, groups, _TILE_ROWS, 4)
+    nibble_bytes = _TILE_ROWS * 32 * 4 // 8 if bits in (4, 5) else code_bytes  # w/o 5th bits
+    codes = picked[..., :nibble_bytes].reshape(n, blocks, groups, _TILE_ROWS, 4)
     mine = mx.take_along_axis(codes, row, axis=3)  # [n, blocks, groups, 1, 4]
-    if bits == 4:  # a byte holds values k (low nibble) and k + 4 (high) of its group
-        mine = mx.concatenate([mine & 0x0F, mine >> 4], axis=3)
+    if bits in (4, 5):  # a byte holds values k (low nibble) and k + 4 (high) of its group
+        mine = mx.concatenate([mine & 0x0F, mine >> 4], axis=3)  # [n, blocks, 4, 2, 4]
+    if bits == 5:  # row r's fifth bits: bits 4 (r % 2) to 4 (r % 2) + 3 of mask byte r / 2
+        masks = picked[..., nibble_bytes:code_bytes].reshape(n, blocks, 4, 2, 8)
+        byte = mx.take_along_axis(masks, row // 2, axis=4)  # [n, blocks, 4, 2, 1]
+        shifts = (row % 2) * 4 + mx.arange(4, dtype=mx.uint8)
+        mine = mine + ((byte >> shifts.astype(mx.uint8)) & 1) * 16
     values = mine.reshape(n, blocks, 32).astype(mx.float32)
     halves = picked[..., code_bytes:].reshape(n, blocks, 2, _TILE_ROWS, 2)
     per_row = mx.take_along_axis(halves, row, axis=3).reshape(n, blocks, 2, 2)

@@ -607,11 +607,14 @@ void run_rows_int8(
 }
 
 // ---------------------------------------------------------------------------------------
-// Packed 4- and 8-bit weights for the int8 path (layers.pack_int8 builds them once at
+// Packed 4-, 5- and 8-bit weights for the int8 path (layers.pack_int8 builds them once at
 // load): 16 weight rows a tile, stored block by block (32 values of K). A 4-bit block holds 4 groups of 64 bytes: for each of the 16 rows, 4 bytes
-// whose low nibbles are values k..k+3 and high nibbles k+4..k+7 of that group's 8; an
-// 8-bit block holds 8 groups of 64 bytes (16 rows x 4 values). Then the 16 rows' block
-// scales and biases as float16: 320 bytes a 4-bit block, 576 an 8-bit one. One integer
+// whose low nibbles are values k..k+3 and high nibbles k+4..k+7 of that group's 8; a
+// 5-bit block holds its codes' low 4 bits the same way, then their fifth bits as 8 masks
+// of 64 bits (per group, one for the low nibbles' values and one for the high nibbles',
+// bit i for byte i of the group); an 8-bit block holds 8 groups of 64 bytes (16 rows x 4
+// values). Then the 16 rows' block scales and biases as float16: 320 bytes a 4-bit block,
+// 384 a 5-bit one, 576 an 8-bit one. One integer
 // dot product instruction multiplies 4 values of all 16 rows with the same 4 values of one
 // x row (broadcast), so its 16 lanes are the 16 rows' partial dots: a block's integer dot
 // per row is exact, then scaled once per block, and the tile's output row comes out of the
@@ -624,7 +627,7 @@ constexpr int64_t kTileAhead = 4;
 
 template <int BITS>
 constexpr int64_t row_block_bytes() {
-  return kRowTile * 32 * BITS / 8 + 4 * kRowTile;  // 320 (4-bit) or 576 (8-bit)
+  return kRowTile * 32 * BITS / 8 + 4 * kRowTile;  // 320 (4-bit), 384 (5-bit) or 576
 }
 
 struct RowPrepared {
@@ -682,11 +685,18 @@ inline void row_tile(const uint8_t* tile, const RowPrepared& p, int64_t K, int64
     __m512i part[MB][CH];
     for (int m = 0; m < MB; ++m)
       for (int c = 0; c < CH; ++c) part[m][c] = _mm512_setzero_si512();
-    if constexpr (BITS == 4) {
+    if constexpr (BITS == 4 || BITS == 5) {
       for (int g = 0; g < 4; ++g) {
         const __m512i w = _mm512_loadu_si512(at + 64 * g);
-        const __m512i lo = _mm512_and_si512(w, nibble);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
+        __m512i lo = _mm512_and_si512(w, nibble);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
+        if constexpr (BITS == 5) {  // + 16 where the code's fifth bit is set
+          uint64_t fifth[2];
+          std::memcpy(fifth, at + 256 + 16 * g, sizeof(fifth));
+          const __m512i sixteen = _mm512_set1_epi8(16);
+          lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(fifth[0]), lo, sixteen);
+          hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(fifth[1]), hi, sixteen);
+        }
         for (int m = 0; m < MB; ++m) {
           const int8_t* xm = xq + m * K + b * 32 + 8 * g;
           __m512i& c0 = part[m][(2 * g) % CH];
@@ -755,6 +765,8 @@ void packed_matmul_rows(const float* x, const uint8_t* packed, float* out, int64
   RowPool::instance().run(tiles * kRowTile, M * N * K, [&](int64_t begin, int64_t end) {
     if (bits == 4) {
       row_tiles<4>(packed, p, M, K, N, out, begin / kRowTile, end / kRowTile);
+    } else if (bits == 5) {
+      row_tiles<5>(packed, p, M, K, N, out, begin / kRowTile, end / kRowTile);
     } else {
       row_tiles<8>(packed, p, M, K, N, out, begin / kRowTile, end / kRowTile);
     }
@@ -2070,13 +2082,13 @@ mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n, 
   if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) % 32 != 0) {
     throw std::invalid_argument("expected float32 x [..., K], K a multiple of 32");
   }
-  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (bits != 4 && bits != 5 && bits != 8) throw std::invalid_argument("bits must be 4, 5 or 8");
   const int64_t blocks = x.shape(-1) / 32;
-  const int64_t bytes = bits == 4 ? 320 : 576;
+  const int64_t bytes = 16 * 32 * bits / 8 + 64;
   if (packed.dtype() != mx::uint8 || packed.ndim() != 3 || packed.shape(1) != blocks ||
       packed.shape(2) != bytes || packed.shape(0) * 16 < n || packed.shape(0) * 16 >= n + 16) {
     throw std::invalid_argument(
-        "packed weight [ceil(N / 16), K / 32, 320 or 576 (8-bit)] uint8 expected");
+        "packed weight [ceil(N / 16), K / 32, 320, 384 (5-bit) or 576 (8-bit)] uint8 expected");
   }
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
   mx::Shape shape = x.shape();
@@ -2124,7 +2136,8 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
         "x @ dequantize(w, scales, biases).T on the CPU (float32 x; 4- or 8-bit affine w).");
   m.def("packed_matmul", &packed_matmul, nb::arg("x"), nb::arg("packed"), nb::arg("n"),
         nb::arg("bits") = 4,
-        "x @ W.T for a 4- or 8-bit weight in int8 row tiles (layers.pack_int8), N rows, int8 x.");
+        "x @ W.T for a 4-, 5- or 8-bit weight in int8 row tiles (layers.pack_int8), N rows, "
+        "int8 x.");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("w"), nb::arg("eps"),
         "nn.RMSNorm on the CPU: float32 x [..., D] * rsqrt(mean(x^2) + eps) * w [D].");
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
