@@ -169,6 +169,44 @@ def directory() -> None:
     print(f"mlxcel store: {ModelStore.default().root}\nhugging face cache: {hf}")
 
 
+@app.command("prompts")
+def prompts(
+    directory: Path | None = typer.Option(
+        None,
+        "--dir",
+        help="The prompt cache's disk tier (default: MLXCEL_PROMPT_CACHE_DIR).",
+    ),
+    clear: bool = typer.Option(False, "--clear", help="Remove every entry."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """List (or --clear) the prompt cache's disk tier: entries per model and KV type."""
+    from mlxcel.config.process_env import prompt_cache_dir
+    from mlxcel.engine.text.prompt_disk import clear_directory, list_directory
+
+    root = directory or prompt_cache_dir()
+    if root is None:
+        fail("no disk tier given: pass --dir DIR or set MLXCEL_PROMPT_CACHE_DIR")
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        fail(f"{root} is not a directory")
+    spaces = list_directory(root)
+    if clear:
+        total = sum(s.bytes for s in spaces)
+        if not yes and not _confirmed(
+            f"remove every prompt-cache entry in {root} ({_human(total)})?"
+        ):
+            print(f"mlxcel: kept the entries in {root}", file=sys.stderr)
+            return
+        removed, freed = clear_directory(root)
+        print(f"removed {removed} files ({_human(freed)}) from {root}")
+        return
+    print(
+        f"{root}: {sum(s.entries for s in spaces)} entries, {_human(sum(s.bytes for s in spaces))}"
+    )
+    for space in spaces:
+        print(f"  {space.namespace}  {space.entries:5d} entries  {_human(space.bytes):>10}")
+
+
 # A running server's prompt cache: `mlxcel cache stats|reset [--url URL] [--api-key K]`.
 app.command("stats")(cache_remote.stats)
 app.command("reset")(cache_remote.reset)

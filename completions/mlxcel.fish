@@ -52,10 +52,15 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -s n
 complete -c mlxcel -n '__fish_seen_subcommand_from cache' -a dir
 complete -c mlxcel -n '__fish_seen_subcommand_from cache' -a info
 complete -c mlxcel -n '__fish_seen_subcommand_from cache' -a list
+complete -c mlxcel -n '__fish_seen_subcommand_from cache' -a prompts
 complete -c mlxcel -n '__fish_seen_subcommand_from cache' -a reset
 complete -c mlxcel -n '__fish_seen_subcommand_from cache' -a rm
 complete -c mlxcel -n '__fish_seen_subcommand_from cache' -a stats
 complete -c mlxcel -n '__fish_seen_subcommand_from list' -l json
+complete -c mlxcel -n '__fish_seen_subcommand_from prompts' -l clear
+complete -c mlxcel -n '__fish_seen_subcommand_from prompts' -l dir
+complete -c mlxcel -n '__fish_seen_subcommand_from prompts' -l yes
+complete -c mlxcel -n '__fish_seen_subcommand_from prompts' -s y
 complete -c mlxcel -n '__fish_seen_subcommand_from reset' -l api-key
 complete -c mlxcel -n '__fish_seen_subcommand_from reset' -l json
 complete -c mlxcel -n '__fish_seen_subcommand_from reset' -l url
@@ -431,6 +436,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prio-batch
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prio-batch-draft
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prio-draft
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l profile
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prompt-cache-dir
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prompt-cache-disk-mib
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l props
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning-budget

@@ -187,6 +187,8 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "sse_ping_interval": ("10", 10),
     "media_path": ("/media", "/media"),
     "slot_save_path": ("/slots", "/slots"),
+    "prompt_cache_dir": ("/pc", "/pc"),
+    "prompt_cache_disk_mib": ("512", 512),
     "reasoning_format": ("none", "none"),
     "reasoning_budget": ("0", 0),
     "reasoning": ("off", "off"),

@@ -272,6 +272,7 @@ def test_counters_match_the_stats_payload() -> None:
         "total_blocks_stored": 2 + 1,
         "unique_block_hashes": 3,
         "apc_active_entries": 0,
+        "disk": {"enabled": False, "entries": 0, "bytes": 0},
     }
 
 

@@ -133,3 +133,48 @@ def test_list_and_clear_a_directory(tmp_path: Path) -> None:
     removed, freed = clear_directory(tmp_path)
     assert removed == 4 and freed == sum(s.bytes for s in listed)
     assert list_directory(tmp_path) == []
+
+
+def test_a_served_prefix_survives_a_restart(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Through `mlxcel serve --prompt-cache-dir`: held at shutdown, found after a restart
+    (`timings.cache_n`), reported by `/v1/cache/stats`, listed and cleared by `mlxcel cache
+    prompts`."""
+    import subprocess
+    import sys
+
+    from server_harness import ServeProcess
+
+    directory = tmp_path / "disk"
+    args = ["-m", str(tiny_llama_dir), "-np", "1", "--no-warmup", "--prompt-cache-dir",
+            str(directory)]  # fmt: skip
+    body = {"prompt": "The lighthouse keeper counted " * 8, "n_predict": 6, "temperature": 0}
+    first_server = ServeProcess(args).start()
+    try:
+        with first_server.client() as client:
+            first = client.post("/completion", json=body).json()
+            assert first["timings"]["cache_n"] == 0
+    finally:
+        assert first_server.stop() == 0
+    assert list(directory.glob("*/*.safetensors"))
+    second_server = ServeProcess(args).start()
+    try:
+        with second_server.client() as client:
+            stats = client.get("/v1/cache/stats").json()["disk"]
+            assert stats["enabled"] and stats["entries"] >= 1 and stats["removed_invalid"] == 0
+            again = client.post("/completion", json=body).json()
+            assert again["timings"]["cache_n"] == first["tokens_evaluated"] - 1
+            assert again["content"] == first["content"]
+            assert client.get("/v1/cache/stats").json()["disk"]["hits"] == 1
+    finally:
+        second_server.stop()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mlxcel", "cache", "prompts", *args],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    listed = cli("--dir", str(directory))
+    assert listed.returncode == 0 and "entries" in listed.stdout
+    cleared = cli("--dir", str(directory), "--clear", "--yes")
+    assert cleared.returncode == 0 and "removed" in cleared.stdout
+    assert not list(directory.glob("*/*.safetensors"))
+    assert cli("--dir", str(tmp_path / "missing")).returncode == 2

@@ -97,6 +97,7 @@ CACHE_STATS_KEYS = [
     "total_blocks_stored",
     "unique_block_hashes",
     "apc_active_entries",
+    "disk",  # the disk tier's (`--prompt-cache-dir`)
 ]
 
 

@@ -49,6 +49,8 @@ AUDIO_MODEL = "MLXCEL_AUDIO_MODEL"
 """`mlxcel transcribe`'s default model (the `audio_model` setting)."""
 TTS_MODEL = "MLXCEL_TTS_MODEL"
 """`mlxcel speak`'s default model (the `tts_model` setting)."""
+PROMPT_CACHE_DIR = "MLXCEL_PROMPT_CACHE_DIR"
+"""`mlxcel cache prompts`' directory (the `prompt_cache_dir` setting)."""
 IMAGE_MODEL = "MLXCEL_IMAGE_MODEL"
 """`mlxcel image`'s default model (the `image_model` setting; read with the settings)."""
 _OFF = ("off", "0", "false", "no", "none")
@@ -132,6 +134,12 @@ def request_memory_budget(environ: Mapping[str, str] | None = None) -> str | Non
 def model_store() -> Path | None:
     """`$MLXCEL_MODEL_STORE` (user-expanded); None when unset or empty."""
     chosen = _text(MODEL_STORE)
+    return Path(chosen).expanduser() if chosen else None
+
+
+def prompt_cache_dir() -> Path | None:
+    """`$MLXCEL_PROMPT_CACHE_DIR` (user-expanded); None when unset or empty."""
+    chosen = _text(PROMPT_CACHE_DIR)
     return Path(chosen).expanduser() if chosen else None
 
 

@@ -466,6 +466,20 @@ class Settings(BaseModel):
         env="MLXCEL_MEDIA_PATH",
         group="server",
     )
+    prompt_cache_dir: str | None = _f(
+        None,
+        "Disk tier of the prompt cache: prefixes evicted from RAM or held at shutdown are "
+        "kept there for later runs of the same model and KV type (unset: RAM only)",
+        env="MLXCEL_PROMPT_CACHE_DIR",
+        group="server",
+    )
+    prompt_cache_disk_mib: int = _f(
+        4096,
+        "Size bound of the prompt cache's disk tier in MiB (least recently used go first)",
+        env="MLXCEL_PROMPT_CACHE_DISK_MIB",
+        group="server",
+        ge=1,
+    )
     slot_save_path: str | None = _f(
         None,
         "Directory for POST /slots/{id}?action=save|restore files (unset: slots cannot be saved)",

@@ -12,6 +12,7 @@ together. The HTTP side (uvicorn, signals, listening) is `mlxcel.server.runner`'
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from mlxcel.engine.loading.model import LoadedModel, ModelInfo
     from mlxcel.engine.text.kv_types import KVType
     from mlxcel.engine.text.prompt_cache import PromptCache
+    from mlxcel.engine.text.prompt_disk import DiskTier
     from mlxcel.engine.text.scheduler import TextEngine
     from mlxcel.engine.text.sleep import IdleSleep
     from mlxcel.engine.text.speculative import SpeculationConfig
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from mlxcel.server.state import ServerState
 
 DEFAULT_SLOTS = 4
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -133,18 +136,40 @@ def _check_vision_kv(settings: Settings) -> None:
         raise SettingsError(str(exc)) from None
 
 
-def check_slot_save_path(settings: Settings) -> None:
-    """Create `--slot-save-path` if it is missing (SettingsError when it cannot be a
-    directory)."""
+def check_directories(settings: Settings) -> None:
+    """Create `--slot-save-path` and `--prompt-cache-dir` if they are missing (SettingsError
+    when one cannot be a directory)."""
     from mlxcel.config import SettingsError
 
-    if not settings.slot_save_path:
-        return
-    path = Path(settings.slot_save_path).expanduser()
+    for flag, value in (
+        ("--slot-save-path", settings.slot_save_path),
+        ("--prompt-cache-dir", settings.prompt_cache_dir),
+    ):
+        if not value:
+            continue
+        path = Path(value).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SettingsError(f"{flag}: cannot use {path}: {exc.strerror or exc}") from None
+
+
+def prompt_disk_tier(settings: Settings, loaded: LoadedModel, kv: KVType) -> DiskTier | None:
+    """The prompt cache's disk tier of `--prompt-cache-dir` for `loaded` in type `kv`
+    (None: not asked for, or no prompt cache)."""
+    from mlxcel.config import SettingsError
+    from mlxcel.engine.text.prompt_disk import DiskTier, model_identity
+
+    if not settings.prompt_cache_dir or not settings.cache_prompt or settings.cache_ram == 0:
+        return None
+    directory = Path(settings.prompt_cache_dir).expanduser()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        identity = model_identity(loaded.info.path)
+        return DiskTier(directory, settings.prompt_cache_disk_mib << 20, identity, kv)
     except OSError as exc:
-        raise SettingsError(f"--slot-save-path: cannot use {path}: {exc.strerror or exc}") from None
+        raise SettingsError(
+            f"--prompt-cache-dir: cannot use {directory}: {exc.strerror or exc}"
+        ) from None
 
 
 def check_settings(settings: Settings) -> None:
@@ -154,7 +179,7 @@ def check_settings(settings: Settings) -> None:
     naming the flag)."""
     chat_template_text(settings)
     kv_cache_type(settings)
-    check_slot_save_path(settings)
+    check_directories(settings)
     check_memory_budget_setting()
     check_sampling_defaults(settings)
     check_models(settings)
@@ -238,6 +263,11 @@ def stop_services(state: ServerState) -> None:
     engine = state.engine
     if engine is not None:
         engine.stop()
+    if state.prompt_cache is not None:
+        try:  # the engine has stopped: its prompt cache goes to the disk tier, if any
+            state.prompt_cache.persist()
+        except Exception:  # noqa: BLE001 - a failed write must not stop the shutdown
+            log.exception("writing the prompt cache to disk failed")
     if state.embeddings is not None:
         state.embeddings.stop()
     if state.audio is not None:
@@ -273,14 +303,16 @@ class EngineSlots(TypedDict):
     prompt_cache: PromptCache | None
 
 
-def engine_slots(state: ServerState, context_length: int) -> EngineSlots:
+def engine_slots(
+    state: ServerState, context_length: int, disk: DiskTier | None = None
+) -> EngineSlots:
     """The slot plan for a model of `context_length` tokens, and the server's prompt cache
-    (kept on `state` for the cache routes)."""
+    over `disk` (kept on `state` for the cache routes)."""
     from mlxcel.engine.text.prompt_cache import PromptCache
 
     settings = state.settings
     plan = plan_slots(settings, context_length)
-    state.prompt_cache = PromptCache.from_settings(settings)
+    state.prompt_cache = PromptCache.from_settings(settings, disk)
     return EngineSlots(
         slots=plan.slots,
         context_per_slot=plan.context_per_slot,
@@ -297,12 +329,14 @@ def _load_text_into(state: ServerState) -> None:
 
     settings = state.settings
     loaded = load_text_model(settings)
+    kv = kv_cache_type(settings, loaded.model)
+    disk = prompt_disk_tier(settings, loaded, kv)
     engine = TextEngine(
         loaded,
-        **engine_slots(state, loaded.info.context_length),
+        **engine_slots(state, loaded.info.context_length, disk),
         speculation=speculation_config(settings, loaded),
         sleep=idle_sleep(settings),
-        kv_type=kv_cache_type(settings, loaded.model),
+        kv_type=kv,
     ).start()
     if settings.warmup:
         _warm_up(engine, loaded)

@@ -332,6 +332,11 @@ class PromptCache:
         if cache is not None:
             self.insert(entry.tokens, cache)
 
+    def release(self) -> CacheReset:
+        """Engine thread, the model about to be unloaded: `persist`, then `reset`."""
+        self.persist()
+        return self.reset()
+
     def persist(self) -> int:
         """Write every RAM entry to the disk tier (at shutdown, the engine stopped); how many
         were written (0 without a disk tier)."""

@@ -314,7 +314,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         before = self._before_unload()
         self._spec = None
         self._batch_sampler = self._rows = None
-        freed = self.prompt_cache.reset() if self.prompt_cache is not None else None
+        freed = self.prompt_cache.release() if self.prompt_cache is not None else None
         self.loaded = replace(self.loaded, model=None)
         release_memory()
         cached = f"; {freed.freed_entries} prompt-cache entries dropped" if freed else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcel.engine.text.prompt_cache import BLOCK_SIZE, HASH_NAME, CacheReset, CacheStats
+from mlxcel.engine.text.prompt_disk import DiskStats
 
 
 def stats_payload(stats: CacheStats | None) -> dict[str, Any]:
@@ -33,6 +34,24 @@ def stats_payload(stats: CacheStats | None) -> dict[str, Any]:
         "total_blocks_stored": stats.total_blocks_stored,
         "unique_block_hashes": stats.unique_block_hashes,
         "apc_active_entries": 0,
+        "disk": _disk_payload(stats.disk),
+    }
+
+
+def _disk_payload(disk: DiskStats | None) -> dict[str, Any]:
+    """The disk tier's numbers (`enabled: false` without one; `--prompt-cache-dir`)."""
+    if disk is None:
+        return {"enabled": False, "entries": 0, "bytes": 0}
+    return {
+        "enabled": True,
+        "directory": disk.directory,
+        "entries": disk.entries,
+        "bytes": disk.bytes,
+        "capacity_bytes": disk.capacity_bytes,
+        "hits": disk.hits,
+        "writes": disk.writes,
+        "evictions": disk.evictions,
+        "removed_invalid": disk.removed_invalid,
     }
 
 
