@@ -23,6 +23,19 @@ API_KEY_OPTION = typer.Option(
     help="API key of the server (env LLAMA_API_KEY: the first of a comma-separated list).",
 )
 JSON_OPTION = typer.Option(False, "--json", help="Print the server's JSON answer.")
+MODEL_OPTION = typer.Option(
+    None,
+    "-m",
+    "--model",
+    help="On a router server (--models-dir / --models-preset): the model whose cache to use.",
+)
+
+
+def _path(route: str, model: str | None) -> str:
+    """`route`, with `?model=` when a routed model is named."""
+    from urllib.parse import urlencode
+
+    return f"{route}?{urlencode({'model': model})}" if model else route
 
 
 def _call(method: str, url: str, path: str, api_key: str | None) -> dict[str, Any]:
@@ -87,22 +100,24 @@ def stats(
     url: str = URL_OPTION,
     api_key: str | None = API_KEY_OPTION,
     as_json: bool = JSON_OPTION,
+    model: str | None = MODEL_OPTION,
 ) -> None:
     """Show the prompt-cache counters of a running server (GET /v1/cache/stats)."""
-    payload = _call("GET", url, "/v1/cache/stats", api_key)
+    payload = _call("GET", url, _path("/v1/cache/stats", model), api_key)
     if as_json:
         print(json.dumps(payload))
         return
-    _table(f"prompt cache at {url}", payload)
+    _table(f"prompt cache at {url}" + (f" ({model})" if model else ""), payload)
 
 
 def reset(
     url: str = URL_OPTION,
     api_key: str | None = API_KEY_OPTION,
     as_json: bool = JSON_OPTION,
+    model: str | None = MODEL_OPTION,
 ) -> None:
     """Drop every prompt-cache entry of a running server (POST /v1/cache/reset)."""
-    payload = _call("POST", url, "/v1/cache/reset", api_key)
+    payload = _call("POST", url, _path("/v1/cache/reset", model), api_key)
     if as_json:
         print(json.dumps(payload))
         return

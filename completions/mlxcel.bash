@@ -31,9 +31,9 @@ _mlxcel_opts() {
         "cache info") echo "" ;;
         "cache list") echo "--json" ;;
         "cache prompts") echo "--clear --dir --yes -y" ;;
-        "cache reset") echo "--api-key --json --url" ;;
+        "cache reset") echo "--api-key --json --model --url -m" ;;
         "cache rm") echo "--yes -y" ;;
-        "cache stats") echo "--api-key --json --url" ;;
+        "cache stats") echo "--api-key --json --model --url -m" ;;
         "embed") echo "--dimensions --embd-normalize --file --json --model --no-truncate --normalize --npy --pooling --profile -P -f -m" ;;
         "generate") echo "--adaptive-decay --adaptive-target --audio --cache-type-k --cache-type-v --chat-template-file --cpu-dtype --dry-allowed-length --dry-base --dry-multiplier --dry-penalty-last-n --dynatemp-exp --dynatemp-range --frequency-penalty --ignore-eos --image --json --max-pattern-size --max-tokens --min-count --min-p --min-pattern-size --mirostat --mirostat-ent --mirostat-lr --model --n-predict --no-chat-template --p-less --predict --presence-penalty --profile --prompt --repeat-last-n --repeat-penalty --save-profile --seed --show-settings --stop --system --temp --temperature --threads --top-k --top-n-sigma --top-nsigma --top-p --typical --typical-p --video --xtc-probability --xtc-threshold -P -ctk -ctv -m -n -p -s -t" ;;
         "image") echo "--guidance --image --json --model --n --negative-prompt --output --profile --seed --size --steps --strength -P -i -m -n -o -s" ;;

@@ -63,12 +63,16 @@ complete -c mlxcel -n '__fish_seen_subcommand_from prompts' -l yes
 complete -c mlxcel -n '__fish_seen_subcommand_from prompts' -s y
 complete -c mlxcel -n '__fish_seen_subcommand_from reset' -l api-key
 complete -c mlxcel -n '__fish_seen_subcommand_from reset' -l json
+complete -c mlxcel -n '__fish_seen_subcommand_from reset' -l model
 complete -c mlxcel -n '__fish_seen_subcommand_from reset' -l url
+complete -c mlxcel -n '__fish_seen_subcommand_from reset' -s m
 complete -c mlxcel -n '__fish_seen_subcommand_from rm' -l yes
 complete -c mlxcel -n '__fish_seen_subcommand_from rm' -s y
 complete -c mlxcel -n '__fish_seen_subcommand_from stats' -l api-key
 complete -c mlxcel -n '__fish_seen_subcommand_from stats' -l json
+complete -c mlxcel -n '__fish_seen_subcommand_from stats' -l model
 complete -c mlxcel -n '__fish_seen_subcommand_from stats' -l url
+complete -c mlxcel -n '__fish_seen_subcommand_from stats' -s m
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -l dimensions
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -l embd-normalize
 complete -c mlxcel -n '__fish_seen_subcommand_from embed' -l file

@@ -697,3 +697,28 @@ def test_models_reload_reads_the_directory_again(models_dir: Path, tmp_path: Pat
             assert list(statuses(client)) == ["chat-b", "embed"]
     finally:
         server.stop()
+
+
+def test_mlxcel_cache_stats_and_reset_name_a_routed_model(router: ServeProcess) -> None:
+    """`mlxcel cache stats/reset -m NAME` reach that model's prompt cache; without a name the
+    router answers 400 and the command says so in one line."""
+    import json
+    import subprocess
+    import sys
+
+    def cache(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "mlxcel", "cache", *args, "--url", router.url]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    with router.client(timeout=120) as client:
+        assert chat(client, "chat-a").status_code == 200
+    stats = cache("stats", "-m", "chat-a", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["entries"] >= 1
+    reset = cache("reset", "--model", "chat-a", "--json")
+    assert reset.returncode == 0, reset.stderr
+    assert json.loads(reset.stdout)["freed_entries"] >= 1
+    assert json.loads(cache("stats", "-m", "chat-a", "--json").stdout)["entries"] == 0
+    unnamed = cache("stats")
+    assert unnamed.returncode != 0
+    assert len(unnamed.stderr.strip().splitlines()) == 1 and "400" in unnamed.stderr
