@@ -411,12 +411,13 @@ def smollm2_loads(
 
 
 @pytest.mark.slow
-def test_smollm2_store_hit_is_faster(
+def test_smollm2_second_load_comes_from_the_store(
     smollm2_loads: tuple[GGUFModel, float, GGUFModel, float],
 ) -> None:
-    first, first_s, second, second_s = smollm2_loads
+    """The second load reads the store, not the GGUF file, and gives the same model (how much
+    faster that is is bench/ work, not a timed assertion)."""
+    first, _, second, _ = smollm2_loads
     assert not first.from_store and second.from_store
-    assert second_s < first_s
     assert_same_load(first, second)
     assert (first.architecture, first.quantization, first.context_length) == ("llama", "Q4_1", 8192)
 
