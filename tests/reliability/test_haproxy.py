@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -16,9 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_harness import ServeProcess, wait_healthy
-
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures.haproxy import Cluster, haproxy_cluster
 
 if shutil.which("haproxy") is None:
     if os.environ.get("CI") == "true":
@@ -26,17 +22,12 @@ if shutil.which("haproxy") is None:
     pytest.skip("haproxy is not installed (apt-get install haproxy)", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+class Replicas:
+    """Three tiny-model replicas behind HAProxy, and one way to send them a completion."""
 
-
-class Cluster:
-    def __init__(self, replicas: list[ServeProcess], proxy: subprocess.Popen[bytes], url: str):
-        self.replicas = replicas
-        self.proxy = proxy
-        self.url = url
+    def __init__(self, cluster: Cluster):
+        self.replicas = cluster.replicas
+        self.url = cluster.url
 
     def complete(self, n_predict: int = 24, session: str | None = None) -> tuple[int, str]:
         headers = {"X-Session-Id": session} if session else {}
@@ -46,43 +37,13 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     args = ["-m", str(tiny_llama_dir), "-np", "2", "-c", "2048", "--no-warmup"]
-    replicas = [ServeProcess(args) for _ in range(3)]
-    proxy: subprocess.Popen[bytes] | None = None
-    try:
-        for replica in replicas:
-            replica.start()
-        front = _free_port()
-        addresses = [replica.url.removeprefix("http://") for replica in replicas]
-        config = subprocess.run(
-            [str(ROOT / "deploy" / "replicas.sh"), "config", str(front), *addresses],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        path = tmp_path_factory.mktemp("haproxy") / "haproxy.cfg"
-        path.write_text(config)
-        proxy = subprocess.Popen(
-            ["haproxy", "-db", "-f", str(path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        url = f"http://127.0.0.1:{front}"
-        try:
-            wait_healthy(url, time.monotonic() + 30, alive=lambda: proxy.poll() is None)
-        except RuntimeError:
-            proxy.kill()
-            raise RuntimeError(proxy.communicate()[1].decode(errors="replace")) from None
-        time.sleep(1.5)  # every server's first check has passed
-        yield Cluster(replicas, proxy, url)
-    finally:
-        if proxy is not None:
-            proxy.terminate()
-            proxy.wait(10)
-        for replica in replicas:
-            replica.stop()
+    with haproxy_cluster(args, 3, tmp_path_factory.mktemp("haproxy")) as running:
+        yield Replicas(running)
 
 
-def test_sessions_stick_to_one_replica(cluster: Cluster) -> None:
+def test_sessions_stick_to_one_replica(cluster: Replicas) -> None:
     served: dict[str, set[str]] = {}
     for turn in range(3):
         for session in ("alice", "bob", "carol", "dave", "erin", "frank"):
@@ -93,7 +54,7 @@ def test_sessions_stick_to_one_replica(cluster: Cluster) -> None:
     assert len({next(iter(s)) for s in served.values()}) >= 2, served  # sessions hash apart
 
 
-def test_load_spreads_over_the_replicas(cluster: Cluster) -> None:
+def test_load_spreads_over_the_replicas(cluster: Replicas) -> None:
     with ThreadPoolExecutor(9) as pool:
         results = list(pool.map(lambda _: cluster.complete(48), range(18)))
     assert all(status == 200 for status, _ in results), results
@@ -101,7 +62,7 @@ def test_load_spreads_over_the_replicas(cluster: Cluster) -> None:
     assert set(counts) == {"r1", "r2", "r3"}, counts
 
 
-def test_a_replica_killed_mid_run_loses_no_request(cluster: Cluster) -> None:
+def test_a_replica_killed_mid_run_loses_no_request(cluster: Replicas) -> None:
     victim = cluster.replicas[0]
     assert victim.proc is not None
     with ThreadPoolExecutor(6) as pool:
