@@ -666,6 +666,13 @@ def test_hostile_requests_and_a_broken_model_get_one_line_answers(
                 "/v1/chat/completions", content=deep, headers={"content-type": "application/json"}
             )
             assert nested.status_code == 400
+            lone = b'{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}'
+            surrogate = client.post(
+                "/v1/chat/completions", content=lone, headers={"content-type": "application/json"}
+            )
+            assert surrogate.status_code == 400, surrogate.text
+            assert surrogate.json()["error"]["type"] == "invalid_request_error"
+            assert client.get("/props?model=%ed%a0%80").status_code == 400  # a surrogate, UTF-8
             odd = client.get("/slots?model=%ff%fe%00")
             assert odd.status_code == 400 and odd.json()["error"]["code"] == "model_not_found"
             long_name = chat(client, "x" * 20000)

@@ -3,17 +3,14 @@ either model are all answered, by both replicas. Runs where haproxy is installed
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
-from fixtures.haproxy import haproxy_cluster
+from fixtures.haproxy import haproxy_cluster, require_haproxy
 
-if shutil.which("haproxy") is None:
-    pytest.skip("haproxy is not installed (apt-get install haproxy)", allow_module_level=True)
+require_haproxy()
 
 
 def test_haproxy_spreads_routed_requests_over_router_replicas(

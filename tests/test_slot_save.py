@@ -4,6 +4,7 @@ file names are refused, erase forgets the slot, missing or damaged files are cle
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +43,12 @@ def _complete(client: httpx.Client, prompt: str = PROMPT) -> dict[str, Any]:
 
 
 def _action(client: httpx.Client, slot: int, action: str, **body: Any) -> httpx.Response:
-    return client.post(f"/slots/{slot}", params={"action": action}, json=body)
+    """POST /slots/{slot}?action=...; the body as ASCII JSON, so a lone surrogate goes out as
+    its `\\ud800` escape (valid JSON, not valid Unicode)."""
+    content = json.dumps(body).encode("ascii")
+    headers = {"content-type": "application/json"}
+    params = {"action": action}
+    return client.post(f"/slots/{slot}", params=params, content=content, headers=headers)
 
 
 def test_save_then_restore_puts_the_cache_back(server: ServeProcess, save_dir: Path) -> None:
@@ -75,7 +81,7 @@ def test_save_then_restore_puts_the_cache_back(server: ServeProcess, save_dir: P
 @pytest.mark.parametrize(
     "name",
     ["../escape.bin", "/tmp/abs.bin", "", ".", "..", "a/b.bin", " lead.bin", "trail.", "x\x01y",
-     "sub\\name", 7, None],
+     "sub\\name", 7, None, "\ud800.bin", "x" * 100_000 + ".bin", {"a": [1]}],
 )  # fmt: skip
 def test_hostile_file_names_are_refused(server: ServeProcess, save_dir: Path, name: Any) -> None:
     with server.client() as client:

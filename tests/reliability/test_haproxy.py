@@ -3,8 +3,6 @@ stick to a replica, load spreads. Runs where haproxy is installed (always in CI)
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import time
 from collections import Counter
@@ -14,12 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.haproxy import Cluster, haproxy_cluster
+from fixtures.haproxy import Cluster, haproxy_cluster, require_haproxy
 
-if shutil.which("haproxy") is None:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("haproxy is not installed; .ci/run installs it for this test")
-    pytest.skip("haproxy is not installed (apt-get install haproxy)", allow_module_level=True)
+require_haproxy()
 
 
 class Replicas:
