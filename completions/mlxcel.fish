@@ -236,6 +236,8 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l defrag-thold
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l device
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l device-draft
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l direct-io
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l distributed
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l distributed-timeout
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l docker-repo
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l draft
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l draft-max
@@ -426,6 +428,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l override-tensor-dra
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l parallel
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l path
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l perf
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l pipeline
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l poll
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l poll-batch
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l poll-batch-draft

@@ -233,6 +233,7 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "models_dir": ("./models", "./models"),
     "models_preset": ("models.ini", "models.ini"),
     "models_max": ("2", 2),
+    "distributed_timeout": ("5", 5.0),
 }
 
 

@@ -118,6 +118,28 @@ class Settings(BaseModel):
     warmup: bool = _f(
         True, "Run one warm-up step after loading", env="MLXCEL_WARMUP", group="model"
     )
+    distributed: bool = _f(
+        False,
+        "Run as one rank of a group started by mlx.launch even when MLX reports one rank "
+        "(a group of several ranks is detected without it)",
+        env="MLXCEL_DISTRIBUTED",
+        group="model",
+    )
+    pipeline: bool = _f(
+        False,
+        "In a group of ranks, split the model's layers across the ranks (pipeline parallel) "
+        "instead of each layer's weights (tensor parallel)",
+        env="MLXCEL_PIPELINE",
+        group="model",
+    )
+    distributed_timeout: float = _f(
+        60.0,
+        "Seconds rank 0 waits on the other ranks in one step before it declares the group "
+        "broken (/health 503, requests refused)",
+        env="MLXCEL_DISTRIBUTED_TIMEOUT",
+        group="model",
+        gt=0.0,
+    )
     embedding: bool = _f(False, "Serve embeddings only", env="LLAMA_ARG_EMBEDDINGS", group="model")
     reranking: bool = _f(False, "Serve reranking", env="LLAMA_ARG_RERANKING", group="model")
     embedding_model: str | None = _f(
