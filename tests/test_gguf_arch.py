@@ -184,16 +184,25 @@ def test_store_round_trip(name: str, arch_dir: Path, tmp_path: Path) -> None:
 
 
 def test_gpt_oss_with_mxfp4_experts(arch_dir: Path) -> None:
-    """gpt-oss as published: MXFP4 experts (with gguf-py's encoder) load quantized, not as a
-    float copy, with logits near those of the same model holding the MXFP4 values (not bit
-    for bit: MLX's affine layout cannot hold the FP4 grid; docs/models.md)."""
+    """gpt-oss as published: MXFP4 experts (with gguf-py's encoder) load into MLX's own
+    `mxfp4` mode, not as a float copy nor an affine approximation, with the logits of the
+    same model holding the MXFP4 values; the store keeps them so."""
+    from mlxcel.engine.loading.store import ModelStore
+
     experts = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
     arch = dataclasses.replace(ARCHITECTURES["gpt-oss"], quantized=dict.fromkeys(experts, "MXFP4"))
     path, reference = write_tiny_arch_gguf(arch, arch_dir / "tiny-gpt-oss-mxfp4.gguf")
-    loaded = load_gguf(path)
-    layer = loaded.model.layers[0].mlp.experts
-    assert "scales" in layer.gate_proj.parameters()
-    assert _max_error(loaded.model, reference) < 0.05
+    store = ModelStore(arch_dir / "mxfp4-store")
+    for loaded in (load_gguf(path, store=store), load_gguf(path, store=store)):
+        modules = [m for _, m in loaded.model.named_modules()]
+        switches = [m for m in modules if type(m).__name__ == "QuantizedSwitchLinear"]
+        assert len(switches) == 3 * loaded.config["num_hidden_layers"]
+        for module in switches:
+            assert module.mode == "mxfp4" and module.scales.dtype == mx.uint8
+            assert "biases" not in module
+        assert _max_error(loaded.model, reference) < 1e-4
+        assert _greedy(loaded.model, PROMPT, 6) == _greedy(reference, PROMPT, 6)
+    assert loaded.from_store
 
 
 def _with_phi3_long_rope(writer: Any, config: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from fixtures.gguf_quant_blocks import (
@@ -100,6 +101,44 @@ def test_each_type_loads_quantized_within_its_stated_error(
         assert 0 < error.max() <= stated * np.abs(reference).max()
 
 
+def test_mxfp4_loads_bit_for_bit_in_mlx_mxfp4_mode(tmp_path: Path) -> None:
+    """MXFP4 blocks (every E2M1 code, every finite E8M0 scale byte, subnormal ones included)
+    load as MLX's `mxfp4` pair (E2M1 codes, the scale bytes kept, no biases) whose
+    dequantization and quantized matmul are gguf-py's values bit for bit."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rows, width = 32, 256
+    rng = np.random.default_rng(39)
+    blocks = rng.integers(0, 256, size=(rows, width // 32, 17), dtype=np.uint8)
+    blocks[..., 0] = np.arange(rows * width // 32).reshape(rows, -1) % 254  # 0..253: finite
+    raw = blocks.reshape(rows, -1)
+    path = write_tensors_gguf(tmp_path / "mxfp4.gguf", {"w.weight": (raw, "MXFP4")})
+    (info,) = read_gguf_header(path).tensors
+    with open(path, "rb") as f:
+        parts = gguf_loader._from_raw(f, info, mx.float16, keep_float=True)
+    assert set(parts) == {"weight", "scales"}
+    assert parts["weight"].dtype == mx.uint32 and parts["weight"].shape == (rows, width // 8)
+    assert parts["scales"].dtype == mx.uint8 and parts["scales"].shape == (rows, width // 32)
+    reference = dequantize(raw, GGMLQuantizationType.MXFP4).astype(np.float32)
+    got = mx.dequantize(
+        parts["weight"], parts["scales"], group_size=32, bits=4, mode="mxfp4", dtype=mx.float32
+    )
+    assert np.array_equal(np.array(got), reference)
+    moderate = slice(13, 19)  # rows whose scales are 2^-23..2^23: products stay finite
+    x = np.random.default_rng(1).standard_normal((3, width)).astype(np.float32)
+    product = mx.quantized_matmul(
+        mx.array(x),
+        parts["weight"][moderate],
+        parts["scales"][moderate],
+        group_size=32,
+        bits=4,
+        mode="mxfp4",
+    )
+    want = x.astype(np.float64) @ reference[moderate].T.astype(np.float64)
+    assert np.allclose(np.array(product), want, rtol=1e-5, atol=1e-3)
+
+
 def test_q6_k_keeps_the_larger_sub_block_exact(tmp_path: Path) -> None:
     """A Q6_K group holds two 16-value sub-blocks: the one with the larger |scale| is on the
     8-bit grid (a quarter of its step), the other within an eighth of that step."""
@@ -161,6 +200,31 @@ def test_tiny_model_with_k_quant_tensors_decodes_as_its_float_weights(
         assert greedy(quantized) == greedy(floats)
     else:
         assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_mxfp4_linear_layers_run_and_dequantize_in_mxfp4_mode(
+    float_gguf: Path, tmp_path: Path
+) -> None:
+    """MXFP4 outside gpt-oss's experts (every `ffn_down` of the tiny llama) loads as an
+    `mxfp4` QuantizedLinear whose logits `--cpu-dtype float32`'s dequantization keeps."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from mlxcel.engine.loading import resolve
+
+    rng = np.random.default_rng(4)
+    values = (rng.standard_normal((64, 256)) * 0.05).astype(np.float32)
+    raw = quantize(values, GGMLQuantizationType.MXFP4)
+    tensors = {f"blk.{i}.ffn_down.weight": (raw, "MXFP4") for i in range(2)}
+    path = with_tensors_replaced(float_gguf, tmp_path / "llama.MXFP4.gguf", tensors)
+    model = load_gguf(path).model
+    down = model.layers[1].mlp.down_proj
+    assert down.mode == "mxfp4" and down.scales.dtype == mx.uint8
+    want = np.array(model(mx.array(PROMPT)))
+    resolve._dequantize(model)
+    assert type(model.layers[1].mlp.down_proj) is nn.Linear
+    got = np.array(model(mx.array(PROMPT)))
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
 
 
 def test_store_entry_of_mixed_widths_loads_the_same_model(float_gguf: Path, tmp_path: Path) -> None:

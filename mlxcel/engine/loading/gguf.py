@@ -1,14 +1,15 @@
-"""Load a GGUF file (llama, qwen2, qwen3) as an mlx-lm model plus its tokenizer.
+"""Load a GGUF file (the architectures of `gguf_arch`) as an mlx-lm model plus its tokenizer.
 
 Files holding only F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors are read with `mx.load`, which gives the
 Q4/Q8 ones as exact MLX quantized triplets (group size 32). Files with other types (K-quants,
 Q5_x, IQ*, ...) are read tensor by tensor instead -- `mx.load` refuses some of those, decodes
 Q4_K wrongly and would hold a float16 copy of every one: each quantized tensor is converted
-from its raw bytes into the MLX affine layout nearest its type (`gguf_quants`: exact for
-Q4_0/Q4_1/Q8_0/Q5_0/Q5_1, Q4_K/Q5_K up to one rounding of each scale, the nearest 8-bit
-grid for Q6_K, two bits more for the rest), or kept as float with `keep_float=True` for the
-types not held bit for bit. Half-precision weights are cast to float32 when MLX runs on the
-CPU, where float16 arithmetic is emulated and tens of times slower.
+from its raw bytes into the MLX layout nearest its type (`gguf_quants`: exact for
+Q4_0/Q4_1/Q8_0/Q5_0/Q5_1 and MXFP4 (MLX's `mxfp4` mode), Q4_K/Q5_K up to one rounding of
+each scale, the nearest 8-bit grid for Q6_K, two bits more for the rest), or kept as float
+with `keep_float=True` for the types not held bit for bit. Half-precision weights are cast
+to float32 when MLX runs on the CPU, where float16 arithmetic is emulated and tens of times
+slower.
 
 llama.cpp permutes the Q/K rows of llama-arch files for its interleaved RoPE; they are permuted
 back here, so the result is a standard mlx-lm model (RoPE as in Hugging Face). qwen2/qwen3 files
@@ -50,6 +51,7 @@ from mlxcel.engine.loading.gguf_quants import (
     Q8_0,
     layout,
     to_affine,
+    to_mxfp4,
 )
 from mlxcel.engine.loading.gguf_tokenizer import (
     build_gguf_tokenizer,
@@ -61,7 +63,7 @@ from mlxcel.engine.loading.store import ModelStore
 
 log = logging.getLogger(__name__)
 
-_CONVERSION_VERSION = 5  # bump when the stored form changes: older entries are redone
+_CONVERSION_VERSION = 6  # bump when the stored form changes: older entries are redone
 
 # ggml types mx.load decodes exactly (Q4_0, Q4_1, Q8_0 as MLX triplets, group size 32).
 _MX_EXACT = FLOAT_TYPES | {Q4_0, Q4_1, Q8_0}
@@ -447,7 +449,8 @@ def _convert_weights(
             base = target.removesuffix(".weight")
             for suffix, array in parts.items():
                 key = target if suffix == "weight" else f"{base}.{suffix}"
-                weights[key] = array if array.dtype == mx.uint32 else array.astype(dtype)
+                floating = mx.issubdtype(array.dtype, mx.floating)
+                weights[key] = array.astype(dtype) if floating else array  # codes, E8M0
     if unknown:
         raise ValueError(f"unsupported tensors in the GGUF file: {', '.join(unknown[:5])}")
     if arch.permuted_qk:
@@ -499,8 +502,9 @@ def _from_native(native: dict[str, Any], info: TensorInfo) -> dict[str, Any]:
 
 def _from_raw(f: Any, info: TensorInfo, dtype: Any, *, keep_float: bool) -> dict[str, Any]:
     """One tensor read from the file: float types as float, quantized ones as MLX triplets
-    (`gguf_quants.to_affine`, from the raw bytes); with `keep_float`, types MLX does not hold
-    bit for bit (K-quants, IQ*, ...) as float instead. A tensor whose rows do not split into
+    (`gguf_quants.to_affine`; MXFP4 as MLX's `mxfp4` pair, `to_mxfp4`), from the raw
+    bytes; with `keep_float`, types MLX does not hold bit for bit (K-quants, IQ*, ...) as
+    float instead. A tensor whose rows do not split into
     groups of 32, or whose scales overflow float16, is read as float."""
     quantized = info.ggml_type not in FLOAT_TYPES and len(info.shape) >= 2
     if quantized and info.shape[-1] % GROUP_SIZE == 0:
@@ -515,6 +519,8 @@ def _from_raw(f: Any, info: TensorInfo, dtype: Any, *, keep_float: bool) -> dict
 
             stored = np.float16 if dtype == mx.float16 else np.float32
             try:
+                if kind.mode == "mxfp4":
+                    return {k: mx.array(v) for k, v in to_mxfp4(read_rows, info.shape).items()}
                 parts = to_affine(read_rows, info.ggml_type, info.type_name, info.shape, stored)
             except ValueError as exc:
                 raise ValueError(f"tensor {info.name}: {exc}") from exc
@@ -588,7 +594,10 @@ def _build_model(
     def quantized(path: str, layer: Any) -> Any:
         if f"{path}.scales" not in weights or not hasattr(layer, "to_quantized"):
             return False
-        return {"group_size": GROUP_SIZE, "bits": _bits(weights, f"{path}.scales")}
+        bits = _bits(weights, f"{path}.scales")
+        if f"{path}.biases" not in weights:  # MXFP4: E8M0 scale bytes, no biases
+            return {"group_size": GROUP_SIZE, "bits": bits, "mode": "mxfp4"}
+        return {"group_size": GROUP_SIZE, "bits": bits}
 
     _check_shapes(model, weights)
     nn.quantize(model, group_size=GROUP_SIZE, bits=4, class_predicate=quantized)

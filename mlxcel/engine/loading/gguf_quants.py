@@ -6,6 +6,8 @@ the layout nearest its own (`layout`), converted from the file's raw bytes a chu
 a time, so no float copy of a tensor (let alone of the model) is ever made:
 
 - exact, bit for bit: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (blocks of 32, one scale and offset);
+- exact, bit for bit, in MLX's `mxfp4` mode (no biases): MXFP4 (blocks of 32 E2M1 codes
+  with one E8M0 scale byte; `to_mxfp4`);
 - exact up to one rounding of each group's scale and bias to the stored float dtype: Q4_K
   and Q5_K (32-value sub-blocks, value d*sc*q - dmin*m);
 - nearest, 8-bit: Q6_K (16-value sub-blocks, value d*sc*(q-32)), each group of two
@@ -37,6 +39,7 @@ _MLX_BITS = (2, 3, 4, 5, 6, 8)
 F32, F16, BF16 = 0, 1, 30
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+MXFP4 = 39
 FLOAT_TYPES = frozenset({F32, F16, BF16})
 
 Groups = tuple[np.ndarray, np.ndarray, np.ndarray]  # codes uint8 (rows, groups, 32), scales, biases
@@ -46,16 +49,20 @@ RowReader = Callable[[int, int], np.ndarray]  # (start, stop) -> raw bytes, a ro
 
 @dataclass(frozen=True)
 class Layout:
-    """The MLX affine layout a ggml type loads into: bits per code (group size 32), and
+    """The MLX quantized layout a ggml type loads into: bits per code (group size 32), and
     whether it holds the file's values `exact`ly, `rounded` (each group's scale and bias
-    rounded once to the stored dtype) or only the `nearest` ones."""
+    rounded once to the stored dtype) or only the `nearest` ones, in MLX's quantization
+    `mode`."""
 
     bits: int
     fidelity: str  # "exact" | "rounded" | "nearest"
+    mode: str = "affine"  # "affine" | "mxfp4"
 
 
 def layout(ggml_type: int, type_name: str) -> Layout:
     """The layout of quantized type `ggml_type` (named `type_name`, e.g. "IQ4_XS")."""
+    if ggml_type == MXFP4:
+        return Layout(4, "exact", "mxfp4")
     exact = {Q8_0: 8, Q4_0: 4, Q4_1: 4, Q5_0: 5, Q5_1: 5}
     if ggml_type in exact:
         return Layout(exact[ggml_type], "exact")
@@ -95,6 +102,31 @@ def to_affine(
         "scales": scales.reshape(*lead, -1),
         "biases": biases.reshape(*lead, -1),
     }
+
+
+def to_mxfp4(read_rows: RowReader, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The MXFP4 tensor of `shape` whose raw bytes `read_rows(start, stop)` gives as MLX's
+    `mxfp4` pair (weight, scales), bit for bit.
+
+    A ggml block is one E8M0 byte e and 16 bytes of E2M1 nibbles, value j in the low nibble
+    of byte j and value j+16 in the high one; gguf-py reads it as 2^(e-128) times the doubled
+    E2M1 value, i.e. 2^(e-127) times the E2M1 value: MLX's `mxfp4` group of 32 with scale
+    byte e and the same 4-bit codes (sign in the top bit), packed two a byte in value
+    order. So the scale bytes are kept and only the nibbles reordered."""
+    width = shape[-1]
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    weight = np.empty((rows, width // 8), np.uint32)
+    scales = np.empty((rows, width // GROUP_SIZE), np.uint8)
+    step = max(1, _CHUNK_VALUES // width)
+    for start in range(0, rows, step):
+        end = min(start + step, rows)
+        blocks = _blocks(read_rows(start, end), 17)
+        nibbles = blocks[..., 1:]
+        codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
+        weight[start:end] = _pack_bits(codes.reshape(end - start, -1), 4)
+        scales[start:end] = blocks[..., 0]
+    lead = shape[:-1]
+    return {"weight": weight.reshape(*lead, -1), "scales": scales.reshape(*lead, -1)}
 
 
 # --- the exact and rounded layouts --------------------------------------------------------

@@ -204,6 +204,7 @@ def _dequantize(model: Any) -> None:
             module.get("biases"),
             group_size=module.group_size,
             bits=module.bits,
+            mode=module.mode,
         ).astype(mx.float32)
         if isinstance(module, nn.QuantizedEmbedding):
             layer: Any = nn.Embedding(weight.shape[0], weight.shape[1])

@@ -3,9 +3,8 @@
 Every projection has a bias, each attention head a learned sink (`attn_sinks`), every
 other layer (the even ones) attends within a sliding window, and the experts' gate and up
 projections are stored apart (llama.cpp's converter de-interleaves Hugging Face's fused
-`gate_up_proj` as mlx-lm does). Real files store the experts as MXFP4, which the
-loader does not repack exactly into MLX's `mxfp4` mode yet: they take its nearest affine
-layout (6-bit groups of 32; see docs/models.md), not bit for bit.
+`gate_up_proj` as mlx-lm does). Real files store the experts as MXFP4, which loads bit
+for bit into MLX's `mxfp4` quantization mode (`gguf_quants.to_mxfp4`).
 """
 
 from __future__ import annotations
