@@ -446,6 +446,9 @@ complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l profile
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prompt-cache-dir
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l prompt-cache-disk-mib
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l props
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l realtime-idle-timeout
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l realtime-max-audio-seconds
+complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l realtime-max-sessions
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning-budget
 complete -c mlxcel -n '__fish_seen_subcommand_from serve' -l reasoning-budget-message

@@ -755,6 +755,12 @@ _ROWS: tuple[tuple[str, str, str, str, Spec], ...] = (
         sup("image_queue_depth")),
     (_MLXCEL, "--image-timeout SECONDS", "", "",
         sup("image_timeout")),
+    (_MLXCEL, "--realtime-max-sessions N", "", "",
+        sup("realtime_max_sessions")),
+    (_MLXCEL, "--realtime-idle-timeout SECONDS", "", "",
+        sup("realtime_idle_timeout")),
+    (_MLXCEL, "--realtime-max-audio-seconds SECONDS", "", "",
+        sup("realtime_max_audio_seconds")),
     (_MLXCEL, "--video-max-frames N", "", "",
         sup("video_max_frames")),
 )

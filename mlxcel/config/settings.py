@@ -608,6 +608,27 @@ class Settings(BaseModel):
         group="server",
         ge=0,
     )
+    realtime_max_sessions: int = _f(
+        4,
+        "Open /v1/realtime voice sessions at once; more are closed with 1013 (try again)",
+        env="MLXCEL_REALTIME_MAX_SESSIONS",
+        group="server",
+        ge=1,
+    )
+    realtime_idle_timeout: float = _f(
+        300.0,
+        "Seconds a /v1/realtime session may stay silent before it is closed (0 = never)",
+        env="MLXCEL_REALTIME_IDLE_TIMEOUT",
+        group="server",
+        ge=0,
+    )
+    realtime_max_audio_seconds: float = _f(
+        120.0,
+        "Seconds of audio a /v1/realtime input buffer holds; more is refused with an error",
+        env="MLXCEL_REALTIME_MAX_AUDIO_SECONDS",
+        group="server",
+        gt=0,
+    )
     embedding_batch_size: int = _f(
         32, "Inputs per embedding batch", env="MLXCEL_EMBEDDING_BATCH_SIZE", group="server", ge=1
     )
