@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from fixtures.tiny_arch_gguf import (
@@ -205,9 +207,70 @@ def test_gpt_oss_with_mxfp4_experts(arch_dir: Path) -> None:
     assert loaded.from_store
 
 
-def _with_phi3_long_rope(writer: Any, config: dict[str, Any]) -> None:
+_LONG_FACTORS = [1.0, 1.5, 2.0, 3.0, 4.5, 6.0, 8.0, 12.0]  # 8 = half of head_dim 16
+_SHORT_FACTORS = [1.0, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0]
+
+
+def _phi3_long_rope_keys(writer: Any, config: dict[str, Any], attn_factor: float) -> None:
+    """Phi-3 128k as llama.cpp's converter writes it: the factors as two tensors, the
+    original context length and the attention factor as metadata (no scaling type)."""
     ARCHITECTURES["phi3"].keys(writer, config)
-    writer.add_tensor("rope_factors_long.weight", np.ones(8, np.float32))
+    writer.add_rope_scaling_attn_factors(attn_factor)
+    writer.add_tensor("rope_factors_long.weight", np.array(_LONG_FACTORS, np.float32))
+    writer.add_tensor("rope_factors_short.weight", np.array(_SHORT_FACTORS, np.float32))
+
+
+def _phi3_long_rope(attn_factor: float | None = None) -> Any:
+    """The tiny phi3 with LongRoPE: trained for 8192 tokens from an original 2048."""
+    scale = math.sqrt(1 + math.log(8192 / 2048) / math.log(2048))  # the converter's
+    config = {
+        "model_type": "phi3",
+        "max_position_embeddings": 8192,
+        "original_max_position_embeddings": 2048,
+        "rope_scaling": {
+            "type": "longrope",
+            "long_factor": _LONG_FACTORS,
+            "short_factor": _SHORT_FACTORS,
+        },
+    }
+    return dataclasses.replace(
+        ARCHITECTURES["phi3"],
+        name="phi3-longrope",
+        gguf_arch="phi3",
+        config=config,
+        keys=lambda w, c: _phi3_long_rope_keys(w, c, attn_factor or scale),
+    )
+
+
+def test_phi3_long_rope_factors_become_the_class_rope_scaling(
+    arch_dir: Path, tmp_path: Path
+) -> None:
+    """A Phi-3 128k file's `rope_factors_long/short` tensors and lengths give mlx-lm's
+    `SuScaledRoPE` the float-weights model has: its logits and greedy tokens, from the
+    file and from the store; the same weights without the factors give other logits."""
+    from mlx_lm.models.rope_utils import SuScaledRoPE
+
+    from mlxcel.engine.loading.store import ModelStore
+
+    path, reference = write_tiny_arch_gguf(_phi3_long_rope(), arch_dir / "tiny-phi3-long.gguf")
+    store = ModelStore(tmp_path / "store")
+    for loaded in (load_gguf(path, store=store), load_gguf(path, store=store)):
+        assert isinstance(loaded.model.layers[0].self_attn.rope, SuScaledRoPE)
+        scaling = loaded.config["rope_scaling"]
+        assert scaling["long_factor"] == _LONG_FACTORS
+        assert scaling["short_factor"] == pytest.approx(_SHORT_FACTORS)
+        assert loaded.config["max_position_embeddings"] == 8192
+        assert loaded.config["original_max_position_embeddings"] == 2048
+        assert _max_error(loaded.model, reference) < 1e-4
+        assert _greedy(loaded.model, PROMPT, 6) == _greedy(reference, PROMPT, 6)
+    assert loaded.from_store
+    for layer in loaded.model.layers:
+        layer.self_attn.rope = nn.RoPE(16, traditional=False, base=10000.0)
+    assert _max_error(loaded.model, reference) > 1e-2
+
+
+def _with_phi3_long_rope(writer: Any, config: dict[str, Any]) -> None:
+    _phi3_long_rope_keys(writer, config, 1.5)
 
 
 def _without_expert_count(writer: Any, config: dict[str, Any]) -> None:
@@ -221,7 +284,8 @@ def _without_expert_count(writer: Any, config: dict[str, Any]) -> None:
         (
             "phi3",
             _with_phi3_long_rope,
-            "phi3 with LongRoPE factors (128k context) is not supported",
+            "phi3 LongRoPE attention factor 1.5 is not the 1 that mlx-lm's class "
+            "derives from the context lengths 2048 and 2048",
         ),
         ("qwen3moe", _without_expert_count, "GGUF metadata qwen3moe.expert_count is missing"),
     ],
@@ -229,8 +293,9 @@ def _without_expert_count(writer: Any, config: dict[str, Any]) -> None:
 def test_a_file_the_class_cannot_take_is_one_line(
     name: str, keys: Callable[[Any, dict[str, Any]], None], message: str, arch_dir: Path
 ) -> None:
-    """What an architecture's mapping cannot read (Phi-3's LongRoPE factors, a MoE file
-    without its expert count) is one line and exit 2 on `mlxcel generate`."""
+    """What an architecture's mapping cannot read (a Phi-3 LongRoPE attention factor other
+    than mlx-lm's, a MoE file without its expert count) is one line and exit 2 on
+    `mlxcel generate`."""
     arch = dataclasses.replace(ARCHITECTURES[name], keys=keys)
     path, _ = write_tiny_arch_gguf(arch, arch_dir / f"refused-{name}.gguf")
     out = subprocess.run(

@@ -27,6 +27,7 @@ import logging
 import mmap
 import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,7 +354,7 @@ def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]
     tensors = {t.name: t for t in header.tensors}
     if "token_embd.weight" not in tensors:
         raise ValueError("no token_embd.weight tensor")
-    config = _hf_config(arch, metadata, tensors)
+    config = _hf_config(arch, metadata, tensors, _tensor_reader(path, tensors))
     weights, rope_factors = _convert_weights(path, header, config, arch, keep_float=keep_float)
     bits = Counter(_bits(weights, key) for key in weights if key.endswith(".scales"))
     if bits:  # for mlx-lm: the most common width; each layer's own is inferred from its shapes
@@ -378,12 +379,25 @@ def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]
     return loaded, weights
 
 
+def _tensor_reader(path: Path, tensors: dict[str, TensorInfo]) -> Callable[[str], np.ndarray]:
+    """Reads one tensor of the file at `path` by name (a small one: its values in memory)."""
+
+    def read(name: str) -> np.ndarray:
+        with open(path, "rb") as f:
+            return np.array(read_tensor_values(f, tensors[name]))
+
+    return read
+
+
 def _hf_config(
-    arch: GGUFArchitecture, md: dict[str, Any], tensors: dict[str, TensorInfo]
+    arch: GGUFArchitecture,
+    md: dict[str, Any],
+    tensors: dict[str, TensorInfo],
+    read_tensor: Callable[[str], np.ndarray],
 ) -> dict[str, Any]:
     """The Hugging Face `config.json` of the file: the keys every architecture shares, then
     the architecture's own."""
-    hyper = ArchMetadata(arch.name, md, frozenset(tensors))
+    hyper = ArchMetadata(arch.name, md, frozenset(tensors), read_tensor)
     get = hyper.get
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
@@ -433,6 +447,8 @@ def _convert_weights(
         for info in header.tensors:
             if info.name == _ROPE_FREQS and arch.permuted_qk:
                 rope_factors = read_tensor_values(f, info).astype(np.float32).tolist()
+                continue
+            if info.name in arch.config_tensors:  # read into the config already
                 continue
             target = arch.hf_name(info.name)
             if target is None:

@@ -47,13 +47,26 @@ GLOBAL_TENSORS: Mapping[str, str] = {
 
 
 class ArchMetadata:
-    """The `<arch>.*` hyper-parameters of one GGUF file, read with defaults, and the names
-    of its tensors."""
+    """The `<arch>.*` hyper-parameters of one GGUF file, read with defaults, the names of
+    its tensors, and the values of the small ones an architecture reads into its config."""
 
-    def __init__(self, arch: str, metadata: Mapping[str, Any], tensor_names: Set[str]) -> None:
+    def __init__(
+        self,
+        arch: str,
+        metadata: Mapping[str, Any],
+        tensor_names: Set[str],
+        read_tensor: Callable[[str], np.ndarray] | None = None,
+    ) -> None:
         self.arch = arch
         self.metadata = metadata
         self.tensor_names = tensor_names
+        self._read_tensor = read_tensor
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The values of the file's tensor `name` (one of `config_tensors`), as float32."""
+        if self._read_tensor is None or name not in self.tensor_names:
+            raise ValueError(f"GGUF tensor {name} is missing")
+        return np.asarray(self._read_tensor(name), dtype=np.float32)
 
     def get(self, key: str, default: Any = None) -> Any:
         """`<arch>.<key>`, or `default`; ValueError when it is missing without one, or is a
@@ -121,6 +134,9 @@ class GGUFArchitecture:
     fix_weights: Callable[[dict[str, Any], dict[str, Any]], None] = _no_fixes
     """Architecture-specific changes to the renamed weights, in place, given the config
     (fused projections the file keeps apart, shapes the class wants otherwise)."""
+    config_tensors: frozenset[str] = frozenset()
+    """Model-wide tensors that `extra_config` reads into the config (Phi-3's LongRoPE
+    factors), not loaded as weights."""
     with_experts: GGUFArchitecture | None = None
     """What files of this name with experts (`<arch>.expert_count` > 0) are read as (a
     `llama` file with experts is a Mixtral)."""
