@@ -117,7 +117,11 @@ def _max_error(got: object, reference: object) -> float:
 
 @pytest.mark.parametrize(
     ("name", "unlike_the_converter"),
-    [("smollm3", {"permuted": False}), ("gemma2", {"norm_offset": 0.0})],
+    [
+        ("smollm3", {"permuted": False}),
+        ("gemma2", {"norm_offset": 0.0}),
+        ("mistral3", {"permuted": False}),
+    ],
 )
 def test_a_file_written_otherwise_reads_otherwise(
     name: str, unlike_the_converter: dict[str, object], arch_dir: Path
@@ -136,15 +140,25 @@ def test_a_file_written_otherwise_reads_otherwise(
         ("granite", {"residual_multiplier": 1.0}),
         ("gemma2", {"final_logit_softcapping": 1e6, "attn_logit_softcapping": 1e6}),
         ("smollm3", {"no_rope_layer_interval": 1000}),
+        ("mistral3", {"llama_4_scaling_beta": 0.0}),
+        ("mistral3", {"mscale_all_dim": 0.0}),
+        ("mistral3", {"rope_type": "default"}),
     ],
 )
 def test_the_hyper_parameters_matter(name: str, broken: dict[str, float], arch_dir: Path) -> None:
     """The loaded weights in a class whose config lacks one of the mapped hyper-parameters
-    (Granite's multipliers, Gemma 2's soft-capping, SmolLM3's no-RoPE layers) give other
-    logits than the reference."""
+    (Granite's multipliers, Gemma 2's soft-capping, SmolLM3's no-RoPE layers, Ministral 3's
+    attention temperature, YaRN log multiplier and YaRN itself) give other logits than the
+    reference."""
     path, reference = write_tiny_arch_gguf(ARCHITECTURES[name], arch_dir / f"{name}.gguf")
     loaded = load_gguf(path)
-    config = {**loaded.config, **broken}
+    if "rope_parameters" in loaded.config:  # Ministral 3's are one nested dict
+        config = {
+            **loaded.config,
+            "rope_parameters": {**loaded.config["rope_parameters"], **broken},
+        }
+    else:
+        config = {**loaded.config, **broken}
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
     model.update(loaded.model.parameters())
@@ -273,6 +287,11 @@ def _with_phi3_long_rope(writer: Any, config: dict[str, Any]) -> None:
     _phi3_long_rope_keys(writer, config, 1.5)
 
 
+def _mistral3_with_experts(writer: Any, config: dict[str, Any]) -> None:
+    ARCHITECTURES["mistral3"].keys(writer, config)
+    writer.add_expert_count(4)
+
+
 def _without_expert_count(writer: Any, config: dict[str, Any]) -> None:
     writer.add_uint32("qwen3moe.expert_used_count", config["num_experts_per_tok"])
     writer.add_key_length(config["head_dim"])
@@ -288,6 +307,7 @@ def _without_expert_count(writer: Any, config: dict[str, Any]) -> None:
             "derives from the context lengths 2048 and 2048",
         ),
         ("qwen3moe", _without_expert_count, "GGUF metadata qwen3moe.expert_count is missing"),
+        ("mistral3", _mistral3_with_experts, "mistral3 with experts is not supported"),
     ],
 )
 def test_a_file_the_class_cannot_take_is_one_line(

@@ -282,7 +282,8 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     writer.close()
     supported = "llama, qwen2, qwen3, gemma3, gemma2, phi3, qwen2moe, qwen3moe, olmo2, granite"
     with pytest.raises(
-        ValueError, match=rf"'rwkv7'; supported: {supported}, granitemoe, smollm3, gpt-oss$"
+        ValueError,
+        match=rf"'rwkv7'; supported: {supported}, granitemoe, smollm3, gpt-oss, mistral3$",
     ):
         load_gguf(path)
 

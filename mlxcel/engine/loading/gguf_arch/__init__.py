@@ -13,6 +13,7 @@ from mlxcel.engine.loading.gguf_arch import (
     granite,
     granitemoe,
     llama,
+    mistral3,
     olmo2,
     phi3,
     qwen2,
@@ -39,6 +40,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         granitemoe,
         smollm3,
         gpt_oss,
+        mistral3,
     )
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
