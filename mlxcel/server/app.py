@@ -49,6 +49,7 @@ def _routers() -> list[APIRouter]:
     from mlxcel.server.openai_completions.routes import router as completions_router
     from mlxcel.server.openai_responses.routes import router as responses_router
     from mlxcel.server.ops.routes import router as ops_router
+    from mlxcel.server.realtime import router as realtime_router
     from mlxcel.server.rerank.routes import router as rerank_router
 
     return [
@@ -64,6 +65,7 @@ def _routers() -> list[APIRouter]:
         rerank_router,
         audio_router,
         images_router,
+        realtime_router,
     ]
 
 

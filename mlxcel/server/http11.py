@@ -84,6 +84,20 @@ class GuardedH11Protocol(H11Protocol):
         self._cancel_head_timer()
         self.transport.close()
 
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        """Hand the connection to the WebSocket protocol (`/v1/realtime`); its slot in the
+        guard is released when that protocol's connection ends."""
+        self._cancel_head_timer()
+        super().handle_websocket_upgrade(event)
+        protocol = self.transport.get_protocol()
+        lost = protocol.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            lost(exc)
+            self._release()
+
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
+
     def _release(self) -> None:
         if self._admitted:
             self._admitted = False

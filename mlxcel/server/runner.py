@@ -92,7 +92,7 @@ def uvicorn_config(
         http=guarded_protocol(guard),
         backlog=limits.backlog,
         timeout_keep_alive=limits.idle_seconds,  # type: ignore[arg-type]
-        ws="none",
+        ws="wsproto",  # /v1/realtime (the only WebSocket route)
         lifespan="off",
         log_level=_log_level(settings),
         access_log=settings.verbose,

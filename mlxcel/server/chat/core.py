@@ -31,7 +31,7 @@ from mlxcel.server.sampling_fields import (
 from mlxcel.server.structured import compile_response_format, compile_tool_choice
 
 if TYPE_CHECKING:
-    from starlette.requests import Request
+    from starlette.requests import HTTPConnection
 
     from mlxcel.engine.text.request import GenerationRequest, Priority
     from mlxcel.server.chat.request import ChatRequest
@@ -57,7 +57,7 @@ class ChatCore:
     async def start(
         self,
         request: ChatRequest,
-        raw: Request,
+        raw: HTTPConnection,
         *,
         max_choices: int = 1,
         stream_reports: bool = False,

@@ -1,0 +1,223 @@
+"""`GET /v1/realtime` (and `/realtime`): OpenAI's Realtime protocol over a WebSocket, served
+by a cascade of the server's models (Whisper → the chat model → Kokoro).
+
+Before the upgrade (answered as HTTP, in the OpenAI error shape): 401 without a valid API
+key when the server has keys (the `Authorization` or `X-Api-Key` header, or OpenAI's
+browser form, the subprotocol `openai-insecure-api-key.<key>` next to `realtime`); 503 while
+a model loads; 501 naming what is missing when the server lacks a chat model,
+`--audio-model` or `--tts-model`. After it: a session past `--realtime-max-sessions` is
+closed with 1013 (try again later); text frames carry JSON events, anything else is
+answered with an `error` event; a session silent for `--realtime-idle-timeout` seconds is
+closed with 1000; a client that goes away cancels its response and transcriptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter
+from starlette.responses import JSONResponse
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from mlxcel.server.errors import MODEL_LOADING, error_body
+from mlxcel.server.middleware import ApiKeys
+from mlxcel.server.realtime.protocol import ClientEventError, error_event
+from mlxcel.server.realtime.session import RealtimeSession, Send
+
+if TYPE_CHECKING:
+    from mlxcel.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+SUBPROTOCOL = "realtime"
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+TRY_AGAIN_LATER = 1013
+MAX_EVENT_CHARS = 16 * 1024 * 1024
+"""Largest text frame read as an event (uvicorn's own frame limit is the same 16 MiB)."""
+
+
+def missing_models(state: ServerState) -> list[str]:
+    """What `/v1/realtime` lacks on this server, as the flags that would load it."""
+    worker = state.audio
+    missing = []
+    if state.client is None and not state.loading:
+        missing.append("a chat model (-m MODEL)")
+    if worker is None or not worker.stt_model:
+        missing.append("a speech-to-text model (--audio-model, e.g. default: Whisper tiny.en)")
+    if worker is None or not worker.tts_model:
+        missing.append("a text-to-speech model (--tts-model KOKORO_DIR)")
+    return missing
+
+
+def _offered_key(websocket: WebSocket) -> str | None:
+    for protocol in websocket.scope.get("subprotocols") or []:
+        if isinstance(protocol, str) and protocol.startswith(KEY_SUBPROTOCOL):
+            return protocol[len(KEY_SUBPROTOCOL) :]
+    return None
+
+
+def _refusal(websocket: WebSocket, state: ServerState) -> JSONResponse | None:
+    """The HTTP answer that refuses the upgrade, or None to accept it."""
+    keys = ApiKeys(state.settings.api_keys())
+    if keys.enabled:
+        headers = websocket.headers
+        failure = keys.check(
+            headers.get("authorization"), headers.get("x-api-key") or _offered_key(websocket)
+        )
+        if failure is not None:
+            message = "Missing API key" if failure == "missing_api_key" else "Invalid API Key"
+            return JSONResponse(error_body(message, failure), status_code=401)
+    missing = missing_models(state)
+    if missing:
+        message = (
+            "/v1/realtime needs a chat model, a speech-to-text model and a text-to-speech"
+            f" model; this server has no {', no '.join(missing)}"
+        )
+        return JSONResponse(error_body(message, "not_implemented"), status_code=501)
+    if state.loading or state.client is None or state.audio is None or not state.audio.ready:
+        return JSONResponse(
+            error_body(MODEL_LOADING, "server_busy"), status_code=503, headers={"Retry-After": "5"}
+        )
+    return None
+
+
+class _Sessions:
+    """The open sessions of one app (its event loop only)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+
+def _sessions(websocket: WebSocket) -> _Sessions:
+    app_state = websocket.app.state
+    sessions = getattr(app_state, "realtime_sessions", None)
+    if sessions is None:
+        sessions = app_state.realtime_sessions = _Sessions()
+    return sessions
+
+
+@router.websocket("/v1/realtime")
+@router.websocket("/realtime")
+async def realtime(websocket: WebSocket) -> None:
+    """One Realtime session (see the module doc)."""
+    state: ServerState = websocket.app.state.mlxcel
+    refusal = _refusal(websocket, state)
+    if refusal is not None:
+        try:
+            await websocket.send_denial_response(refusal)
+        except RuntimeError:  # a server without the denial extension: a bare refusal
+            await websocket.close(code=1008)
+        return
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    settings = state.settings
+    sessions = _sessions(websocket)
+    if sessions.open >= settings.realtime_max_sessions:
+        await websocket.close(
+            code=TRY_AGAIN_LATER,
+            reason=f"too many realtime sessions (at most {settings.realtime_max_sessions})",
+        )
+        return
+    sessions.open += 1
+    try:
+        await _serve(websocket, state)
+    finally:
+        sessions.open -= 1
+
+
+async def _serve(websocket: WebSocket, state: ServerState) -> None:
+    assert state.audio is not None
+    lock = asyncio.Lock()
+    gone = False
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal gone
+        if gone:
+            return
+        async with lock:
+            try:
+                await websocket.send_text(json.dumps(message, ensure_ascii=False))
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                gone = True
+
+    model = websocket.query_params.get("model") or (
+        state.model_info.name if state.model_info else "mlxcel"
+    )
+    session = RealtimeSession(
+        state,
+        websocket,
+        state.audio,
+        send,
+        model=model[:256],
+        max_audio_seconds=state.settings.realtime_max_audio_seconds,
+    )
+    idle = state.settings.realtime_idle_timeout or None
+    try:
+        await session.start()
+        while not gone:
+            try:
+                message = await asyncio.wait_for(websocket.receive(), idle)
+            except asyncio.TimeoutError:
+                if session.busy:
+                    continue
+                await send(
+                    error_event(
+                        ClientEventError(
+                            f"the session was idle for {idle:g} seconds", code="idle_timeout"
+                        )
+                    )
+                )
+                await websocket.close(code=1000, reason="idle timeout")
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            await _dispatch(session, message, send)
+    except WebSocketDisconnect:
+        return
+    finally:
+        gone = True
+        await session.close()
+        if (
+            websocket.application_state == WebSocketState.CONNECTED
+            and websocket.client_state == WebSocketState.CONNECTED
+        ):
+            with contextlib.suppress(RuntimeError, OSError):
+                await websocket.close(code=1000)
+
+
+async def _dispatch(session: RealtimeSession, message: Mapping[str, Any], send: Send) -> None:
+    """One received frame: a JSON event handed to the session, or an `error` event."""
+    text = message.get("text")
+    if text is None:
+        await send(
+            error_event(
+                ClientEventError(
+                    "binary frames are not supported: send JSON events as text frames",
+                    code="invalid_event",
+                )
+            )
+        )
+        return
+    if len(text) > MAX_EVENT_CHARS:
+        await send(error_event(ClientEventError("the event is too large", code="invalid_event")))
+        return
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        await send(
+            error_event(ClientEventError("the event is not valid JSON", code="invalid_json"))
+        )
+        return
+    if not isinstance(body, dict):
+        await send(
+            error_event(ClientEventError("an event must be a JSON object", code="invalid_event"))
+        )
+        return
+    await session.handle(body)

@@ -1,0 +1,395 @@
+"""A Realtime session's state machine: its configuration, input audio buffer, conversation,
+transcriptions and (at most one) running response, driven by client events.
+
+`handle` takes one decoded client event and answers through `send`; a refused event is
+answered with an `error` event and the session goes on. Turns: with `server_vad`, speech
+start and stop come from the buffer's detector, and the stop commits the turn (and starts
+a response when `create_response`); with `turn_detection: null`, the client commits and asks
+for responses. Speech starting while a response runs cancels it (barge-in): its message is
+truncated to what was spoken. `close` cancels everything (the client went away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mlxcel.engine.errors import EngineError
+from mlxcel.engine.voice.vad import SpeechStarted, SpeechStopped
+from mlxcel.server.errors import APIError
+from mlxcel.server.realtime.audio_wire import decode_audio, to_whisper
+from mlxcel.server.realtime.conversation import MAX_ITEMS, PendingAudio, message_item, parse_item
+from mlxcel.server.realtime.input_buffer import InputAudioBuffer
+from mlxcel.server.realtime.protocol import (
+    ClientEventError,
+    SessionConfig,
+    apply_session_update,
+    error_event,
+    event,
+    new_id,
+    server_error_event,
+)
+from mlxcel.server.realtime.response import RealtimeResponse, ResponseContext, refused
+
+if TYPE_CHECKING:
+    from starlette.websockets import WebSocket
+
+    from mlxcel.engine.workers.audio import AudioWorker
+    from mlxcel.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+MIN_COMMIT_MS = 100
+"""A manual commit needs at least this much audio (OpenAI's rule)."""
+TAIL_MS = 200
+"""Audio kept after the detected end of speech (the word's fading end)."""
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class RealtimeSession:
+    """One WebSocket's conversation."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        websocket: WebSocket,
+        worker: AudioWorker,
+        send: Send,
+        *,
+        model: str,
+        max_audio_seconds: float,
+    ) -> None:
+        self.state = state
+        self.websocket = websocket
+        self.worker = worker
+        self.send = send
+        self.model = model
+        self.id = new_id("sess")
+        self.conversation_id = new_id("conv")
+        self.config = SessionConfig()
+        self.buffer = InputAudioBuffer(
+            self.config.input_format, max_audio_seconds, self.config.turn_detection
+        )
+        self.items: list[dict[str, Any]] = []
+        self.response: RealtimeResponse | None = None
+        self._response_task: asyncio.Task[None] | None = None
+        self._transcriptions: set[asyncio.Task[None]] = set()
+        self._speech_item: str | None = None  # the item id of the speech being heard
+        self._speech_start_ms = 0
+        self.last_response: RealtimeResponse | None = None  # for the latency bench and logs
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Send `session.created`."""
+        await self.send(event("session.created", session=self.config.wire(self.id, self.model)))
+
+    @property
+    def busy(self) -> bool:
+        """Whether a response or a transcription is running (the session is not idle)."""
+        return self._response_task is not None or bool(self._transcriptions)
+
+    async def close(self) -> None:
+        """Cancel the running response and transcriptions (the client is gone)."""
+        task = self._response_task
+        if task is not None and self.response is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            with contextlib.suppress(Exception):
+                await self.response.cancel()
+        for pending in list(self._transcriptions):
+            pending.cancel()
+        for pending in list(self._transcriptions):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pending
+
+    # ------------------------------------------------------------------ client events
+
+    async def handle(self, message: dict[str, Any]) -> None:
+        """Run one client event; an `error` event for a refused one."""
+        client_id = message.get("event_id")
+        client_id = client_id[:128] if isinstance(client_id, str) else None
+        kind = message.get("type")
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
+        try:
+            if handler is None:
+                shown = str(kind)[:64] if isinstance(kind, str) else type(kind).__name__
+                raise ClientEventError(
+                    f"unknown or unsupported event type {shown!r}",
+                    code="invalid_event",
+                    param="type",
+                )
+            await handler(self, message)
+        except ClientEventError as exc:
+            await self.send(error_event(exc, client_id))
+
+    async def _session_update(self, message: dict[str, Any]) -> None:
+        config = apply_session_update(self.config, message.get("session"))
+        self._check_voice(config.voice)
+        old, self.config = self.config, config
+        if (old.input_format, old.turn_detection) != (config.input_format, config.turn_detection):
+            self.buffer.configure(config.input_format, config.turn_detection)
+            self._speech_item = None
+        await self.send(event("session.updated", session=config.wire(self.id, self.model)))
+
+    def _check_voice(self, voice: str) -> None:
+        from mlxcel.engine.audio.tts import resolve_voice
+
+        tts = self.worker.models.tts
+        if tts is None:
+            return
+        try:
+            resolve_voice(tts, voice)
+        except EngineError as exc:
+            raise ClientEventError(str(exc), param="session.audio.output.voice") from None
+
+    async def _append(self, message: dict[str, Any]) -> None:
+        audio = message.get("audio")
+        if not isinstance(audio, str):
+            raise ClientEventError("audio must be a base64 string", param="audio")
+        for turn in self.buffer.append(audio):
+            if isinstance(turn, SpeechStarted):
+                await self._speech_started(self.buffer.session_ms(turn))
+            elif isinstance(turn, SpeechStopped):
+                await self._speech_stopped(self.buffer.session_ms(turn))
+
+    async def _speech_started(self, ms: int) -> None:
+        self._speech_item = new_id("item")
+        self._speech_start_ms = ms
+        await self.send(
+            event("input_audio_buffer.speech_started", audio_start_ms=ms, item_id=self._speech_item)
+        )
+        detection = self.config.turn_detection
+        if detection is not None and detection.interrupt_response:
+            await self.cancel_response("turn_detected")
+
+    async def _speech_stopped(self, ms: int) -> None:
+        item_id = self._speech_item or new_id("item")
+        self._speech_item = None
+        await self.send(
+            event("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=item_id)
+        )
+        detection = self.config.turn_detection
+        prefix = detection.prefix_padding_ms if detection else 0
+        audio = self.buffer.take(self._speech_start_ms - prefix, ms + TAIL_MS)
+        await self._commit(item_id, audio)
+        if detection is not None and detection.create_response and self._response_task is None:
+            await self._start_response(self.config)
+
+    async def _commit_buffer(self, _message: dict[str, Any]) -> None:
+        if self.buffer.ms < MIN_COMMIT_MS:
+            raise ClientEventError(
+                f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio,"
+                f" but buffer only has {self.buffer.ms} ms",
+                code="input_audio_buffer_commit_empty",
+            )
+        item_id = self._speech_item or new_id("item")
+        self._speech_item = None
+        audio = self.buffer.take()
+        if self.buffer.detector is not None:
+            self.buffer.detector.reset()
+        await self._commit(item_id, audio)
+
+    async def _clear_buffer(self, _message: dict[str, Any]) -> None:
+        self.buffer.clear()
+        self._speech_item = None
+        await self.send(event("input_audio_buffer.cleared"))
+
+    async def _commit(self, item_id: str, audio: np.ndarray) -> None:
+        """A user item for `audio` (int16 at the input rate), transcribed in the background."""
+        item = message_item("user", [{"type": "input_audio", "transcript": None}])
+        item["id"] = item_id
+        previous = self.add_item(item)
+        await self.send(
+            event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
+        )
+        await self.send(event("conversation.item.added", previous_item_id=previous, item=item))
+        self._transcribe(item, [(0, audio)])
+
+    async def _item_create(self, message: dict[str, Any]) -> None:
+        item, pending = parse_item(message.get("item"))
+        decoded = [(p.content_index, self._decoded(p)) for p in pending]
+        if any(i["id"] == item["id"] for i in self.items):
+            raise ClientEventError(f"item id {item['id']!r} already exists", param="item.id")
+        previous = self.add_item(item)
+        await self.send(event("conversation.item.added", previous_item_id=previous, item=item))
+        if decoded:
+            self._transcribe(item, decoded)
+        else:
+            await self.send(event("conversation.item.done", previous_item_id=previous, item=item))
+
+    def _decoded(self, pending: PendingAudio) -> np.ndarray:
+        try:
+            return decode_audio(pending.audio, self.config.input_format)
+        except ClientEventError as exc:
+            exc.param = f"item.content[{pending.content_index}].audio"
+            raise
+
+    async def _item_delete(self, message: dict[str, Any]) -> None:
+        item_id = message.get("item_id")
+        found = [i for i in self.items if i["id"] == item_id]
+        if not found:
+            raise ClientEventError("no item with that item_id", param="item_id")
+        self.items.remove(found[0])
+        await self.send(event("conversation.item.deleted", item_id=item_id))
+
+    async def _response_create(self, message: dict[str, Any]) -> None:
+        if self._response_task is not None:
+            raise ClientEventError(
+                "Conversation already has an active response in progress",
+                code="conversation_already_has_active_response",
+            )
+        overrides = message.get("response")
+        config = self.config
+        if overrides is not None:
+            if not isinstance(overrides, dict):
+                raise ClientEventError("response must be an object", param="response")
+            fields = {
+                k: v for k, v in overrides.items() if k not in ("conversation", "input", "metadata")
+            }
+            config = apply_session_update(config, {**fields, "type": "realtime"})
+            self._check_voice(config.voice)
+        await self._start_response(config)
+
+    async def _response_cancel(self, _message: dict[str, Any]) -> None:
+        if not await self.cancel_response("client_cancelled"):
+            raise ClientEventError(
+                "Cancellation failed: no active response found",
+                code="response_cancel_not_active",
+            )
+
+    # ------------------------------------------------------------------ items
+
+    def add_item(self, item: dict[str, Any]) -> str | None:
+        """Append `item` (dropping the oldest past MAX_ITEMS); the previous item's id."""
+        previous = self.items[-1]["id"] if self.items else None
+        self.items.append(item)
+        if len(self.items) > MAX_ITEMS:
+            del self.items[0]
+        return previous
+
+    def _transcribe(self, item: dict[str, Any], parts: list[tuple[int, np.ndarray]]) -> None:
+        task = asyncio.ensure_future(self._transcription(item, parts))
+        self._transcriptions.add(task)
+        task.add_done_callback(self._transcriptions.discard)
+
+    async def _transcription(
+        self, item: dict[str, Any], parts: list[tuple[int, np.ndarray]]
+    ) -> None:
+        from mlxcel.engine.audio.transcribe import TranscriptionOptions
+        from mlxcel.server.media.offload import off_loop
+
+        fmt = self.config.input_format
+        for index, audio in parts:
+            samples = await off_loop(to_whisper, audio, fmt)
+            future = None
+            try:
+                future = self.worker.transcribe(samples, TranscriptionOptions())
+                result = await asyncio.wrap_future(future)
+            except asyncio.CancelledError:
+                if future is not None:
+                    future.cancel()
+                raise
+            except EngineError as exc:
+                item["content"][index]["transcript"] = ""
+                await self.send(
+                    event(
+                        "conversation.item.input_audio_transcription.failed",
+                        item_id=item["id"],
+                        content_index=index,
+                        error={
+                            "type": "transcription_error",
+                            "code": None,
+                            "message": str(exc),
+                            "param": None,
+                        },
+                    )
+                )
+                continue
+            text = result.text.strip()
+            item["content"][index]["transcript"] = text
+            ids = {"item_id": item["id"], "content_index": index}
+            await self.send(
+                event("conversation.item.input_audio_transcription.delta", **ids, delta=text)
+            )
+            await self.send(
+                event(
+                    "conversation.item.input_audio_transcription.completed",
+                    **ids,
+                    transcript=text,
+                    usage={"type": "duration", "seconds": round(result.duration, 3)},
+                )
+            )
+        await self.send(event("conversation.item.done", item=item))
+
+    # ------------------------------------------------------------------ responses
+
+    async def _start_response(self, config: SessionConfig) -> None:
+        context = ResponseContext(
+            state=self.state,
+            websocket=self.websocket,
+            worker=self.worker,
+            send=self.send,
+            items=self.items,
+            add_item=self.add_item,
+            conversation_id=self.conversation_id,
+        )
+        response = RealtimeResponse(context, config, new_id("resp"))
+        self.response = self.last_response = response
+        await self.send(event("response.created", response=response.wire("in_progress")))
+        self._response_task = asyncio.ensure_future(self._respond(response))
+
+    async def _respond(self, response: RealtimeResponse) -> None:
+        try:
+            pending = list(self._transcriptions)
+            if pending:  # the answer needs the user's words
+                await asyncio.gather(*pending, return_exceptions=True)
+            try:
+                status, details = await response.run()
+            except APIError as exc:
+                status, details = "failed", refused(exc)
+                await self.send(server_error_event(exc.message, exc.type, exc.code))
+            except EngineError as exc:
+                status, details = (
+                    "failed",
+                    {"type": "failed", "error": {"type": "server_error", "message": str(exc)}},
+                )
+                await self.send(server_error_event(str(exc)))
+            await self.send(event("response.done", response=response.wire(status, details)))
+        finally:
+            if self.response is response:
+                self.response, self._response_task = None, None
+
+    async def cancel_response(self, reason: str) -> bool:
+        """Cancel the running response (`turn_detected`, `client_cancelled`); False if none."""
+        task, response = self._response_task, self.response
+        if task is None or response is None:
+            return False
+        self._response_task, self.response = None, None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await response.cancel()
+        details = {"type": "cancelled", "reason": reason}
+        await self.send(event("response.done", response=response.wire("cancelled", details)))
+        return True
+
+
+_HANDLERS: dict[str, Callable[[RealtimeSession, dict[str, Any]], Awaitable[None]]] = {
+    "session.update": RealtimeSession._session_update,
+    "input_audio_buffer.append": RealtimeSession._append,
+    "input_audio_buffer.commit": RealtimeSession._commit_buffer,
+    "input_audio_buffer.clear": RealtimeSession._clear_buffer,
+    "conversation.item.create": RealtimeSession._item_create,
+    "conversation.item.delete": RealtimeSession._item_delete,
+    "response.create": RealtimeSession._response_create,
+    "response.cancel": RealtimeSession._response_cancel,
+}
+"""Client events by type (the beta names are the same for these)."""
