@@ -13,6 +13,10 @@ it). Every figure comes from a fresh process, all in one run, with a model store
 - `runtime`: a process that imports every module the loading one ended with, runs one MLX
   op and maps the CPU kernel's library, and loads no model: the RSS that exists with no
   model at all;
+- `bare runtime`: a process with only numpy, MLX (one op run), the `tokenizers` library
+  and the CPU kernel's library, none of transformers or mlx-lm (whose package imports
+  transformers): the floor of any process holding this model and a Rust tokenizer; with
+  the weights and the tokenizer measured above it gives the floor of RSS after load;
 - the store's `tokenizer.json` read by `Tokenizer.from_file` and by `read_tokenizer_json`.
 
 The target (issue 27, item 1) is RSS and MLX active memory at most 1.3x the file size.
@@ -91,6 +95,21 @@ print(json.dumps({"rss": rss()}))
 """
 )
 
+_BARE = (
+    _MEASURE
+    + """
+import numpy, tokenizers
+import mlx.core as mx
+from mlxcel.engine.cpu_kernels.build import load_kernels
+
+mx.eval(mx.ones((64, 64)) @ mx.ones((64, 64)))
+if sys.argv[1] == "auto":
+    load_kernels()
+assert "transformers" not in sys.modules and "mlx_lm" not in sys.modules
+print(json.dumps({"rss": rss()}))
+"""
+)
+
 _TOKENIZER_JSON = (
     _MEASURE
     + """
@@ -142,6 +161,7 @@ def main() -> None:
         stored = loads["from the store"]
         modules = json.dumps(stored["modules"])
         runtime = child(_RUNTIME, args.cpu_dtype, stdin=modules)["rss"]
+        bare = child(_BARE, args.cpu_dtype)["rss"]
         (tokenizer_json,) = Path(store).rglob("tokenizer.json")
         by_file = child(_TOKENIZER_JSON, str(tokenizer_json), "from_file")["rss"]
         by_python = child(_TOKENIZER_JSON, str(tokenizer_json), "python")["rss"]
@@ -168,6 +188,19 @@ def main() -> None:
     print(f"RSS above the runtime: {mib(rss - runtime).strip()}, {(rss - runtime) / size:.2f}x")
     print(f"the store's tokenizer.json: Tokenizer.from_file {mib(by_file).strip()}, ", end="")
     print(f"read_tokenizer_json {mib(by_python).strip()}")
+    weights, tokenizer = (
+        parts["weights (tokenizer dropped -> model dropped)"],
+        rss - stored["no_tokenizer"],
+    )
+    print(
+        f"bare runtime (numpy, MLX, tokenizers; no transformers, no mlx-lm): {mib(bare).strip()}, "
+        f"{bare / size:.2f}x; transformers and mlx-lm add {mib(runtime - bare).strip()}"
+    )
+    for name, value in (
+        ("bare runtime + weights + tokenizer", bare + weights + tokenizer),
+        ("bare runtime + weights", bare + weights),
+    ):
+        print(f"floor, {name}: {mib(value).strip()}, {value / size:.2f}x the file")
     for name, value in (("RSS", rss), ("MLX active", stored["mlx"])):
         verdict = "met" if value <= TARGET * size else "not met"
         print(f"{name} after load: {value / size:.2f}x the file, target <= {TARGET}x: {verdict}")

@@ -39,6 +39,14 @@ def test_prints_both_loads_and_a_breakdown_that_adds_up(tmp_path: Path) -> None:
     assert len(parts) == 4 and abs(sum(parts) - total) <= 0.3, out
     assert parts[0] > 20  # the runtime: Python, MLX, transformers
     assert "Tokenizer.from_file" in out and "read_tokenizer_json" in out
+    bare = re.search(
+        r"^bare runtime .+?: ([\d.]+) MiB, [\d.]+x; transformers and mlx-lm add", out, re.M
+    )
+    assert bare and 0 < float(bare.group(1)) < parts[0], out
+    floors = dict(re.findall(r"^floor, (.+?): ([\d.]+) MiB, [\d.]+x the file$", out, re.M))
+    with_tokenizer = float(bare.group(1)) + parts[1] + parts[2]
+    assert abs(float(floors["bare runtime + weights + tokenizer"]) - with_tokenizer) <= 0.3
+    assert abs(float(floors["bare runtime + weights"]) - (with_tokenizer - parts[2])) <= 0.3
     for name in ("RSS", "MLX active"):
         assert re.search(
             rf"^{name} after load: [\d.]+x the file, target <= 1.3x: (met|not met)$", out, re.M
