@@ -1,23 +1,32 @@
-"""How long `/health` waits while large media requests are being decoded.
+"""How late the server's event loop runs while large media requests are being decoded.
 
-Starts `mlxcel serve` on a tiny Qwen2-VL (built with the test fixture, cached), sends N
-concurrent chat requests that each carry a large picture, and polls `/health` every 10 ms
-from the start of the load until the last request answers. A server that decodes media on
-its event loop leaves `/health` waiting for the whole decode; one that decodes on worker
-threads answers at once. Two loads: a 7000x7000 1-bit PNG (about 8 KB on the wire, 49 M
-pixels once decoded) and a noise PNG sent as a ~21 MB data URI.
+Starts two `mlxcel serve` on a tiny Qwen2-VL (built with the test fixture, cached): one
+decoding data URIs and pictures in its media worker processes (the default), one on its
+media threads (`MLXCEL_MEDIA_PROCESSES=0`, as before the processes). For each load, rounds
+alternate between the two servers: N concurrent chat requests that each carry a picture,
+while `/health` is polled every 10 ms. Each server measures its own event loop
+(bench/loop_probe on its PYTHONPATH: a 1 ms `call_later` ticker logs how late its ticks
+ran, and how much of the worst one the loop thread waited for a CPU), so the figure is
+the server's lag, apart from the HTTP client's latency and scheduling. The same ticker over
+as long a stretch of the idle server gives the machine's floor; the load average is printed
+before each round.
 
-    .venv/bin/python bench/media_event_loop.py [-n 4] [--reps 3]
+Loads: a 1280x720 noise PNG (~3.7 MB data URI), a 7000x7000 1-bit PNG (about 8 KB on the
+wire, 49 M pixels once decoded) and a noise PNG sent as a ~21 MB data URI.
+
+    .venv/bin/python bench/media_event_loop.py [-n 4] [--reps 5] [--loads 720p,bilevel,21mb]
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import io
 import json
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,12 +61,21 @@ def bilevel_png() -> str:
     return _data_uri(Image.new("1", (7000, 7000), 1))
 
 
-def noise_png() -> str:
-    """A noise PNG (incompressible) whose data URI is about 21 MB."""
+def noise_png(width: int = 2400, height: int = 2200) -> str:
+    """A noise PNG (incompressible): about 21 MB as a data URI at the default size."""
     from PIL import Image
 
-    pixels = np.random.default_rng(0).integers(0, 255, (2200, 2400, 3), dtype=np.uint8)
+    pixels = np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)
     return _data_uri(Image.fromarray(pixels))
+
+
+LOADS = {
+    "720p": ("1280x720 noise PNG", lambda: noise_png(1280, 720)),
+    "bilevel": ("7000x7000 1-bit PNG", bilevel_png),
+    "21mb": ("~21 MB noise PNG", noise_png),
+}
+MODES = {"processes": "1", "threads": "0"}
+"""Server label -> MLXCEL_MEDIA_PROCESSES."""
 
 
 def _health_during(url: str, uri: str, clients: int) -> list[float]:
@@ -98,28 +116,73 @@ def _health_during(url: str, uri: str, clients: int) -> list[float]:
     return latencies
 
 
+def _loop_lag(path: Path, began: float, ended: float) -> tuple[float, float, int]:
+    """(worst lag ms, the loop's CPU wait ms over it, ticks over 5 ms late) the probe logged
+    for the seconds between two times."""
+    worst, queued, over = 0.0, 0.0, 0
+    for line in path.read_text().splitlines():
+        second, _, lag, waited, late = line.split()
+        if began - 1 < int(second) <= ended:
+            over += int(late)
+            if float(lag) > worst:
+                worst, queued = float(lag), float(waited)
+    return worst, queued, over
+
+
+def _idle_lag(path: Path, seconds: float) -> float:
+    """The worst lag of the idle server over `seconds` (the machine's floor)."""
+    began = time.time()
+    time.sleep(seconds + 1.1)  # the probe writes each second once it is over
+    return _loop_lag(path, began + 1, began + seconds)[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--clients", type=int, default=4)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--loads", default="720p,bilevel,21mb", help="comma-separated: " + ",".join(LOADS)
+    )
     args = parser.parse_args()
     model = _tiny_vlm()
-    loads = {"7000x7000 1-bit PNG": bilevel_png(), "~21 MB data URI": noise_png()}
-    print(load_note())
-    with mlxcel_server(model, "-c", "2048", "--max-body-size", str(64 << 20)) as server:
+    loads = {LOADS[key][0]: LOADS[key][1]() for key in args.loads.split(",")}
+    probe_dir = Path(__file__).resolve().parent / "loop_probe"
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers, lag_files = {}, {}
+        for mode, flag in MODES.items():
+            lag_files[mode] = Path(tmp) / f"{mode}.lag"
+            env = {"PYTHONPATH": str(probe_dir), "MLXCEL_LOOP_LAG": str(lag_files[mode])}
+            env["MLXCEL_MEDIA_PROCESSES"] = flag
+            argv = ("-c", "2048", "--max-body-size", str(64 << 20), "-np", str(args.clients))
+            servers[mode] = stack.enter_context(mlxcel_server(model, *argv, env=env))
         for name, uri in loads.items():
-            worst: list[float] = []
-            medians: list[float] = []
             print(f"{name} ({len(uri) / 1e6:.2f} MB on the wire) x {args.clients}:")
+            rows: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
+            for server in servers.values():  # warm: worker processes, graphs
+                _health_during(server.url, uri, args.clients)
             for _ in range(args.reps):
-                latencies = _health_during(server.url, uri, args.clients)
-                worst.append(max(latencies))
-                medians.append(statistics.median(latencies))
-            print(
-                f"  /health: worst {statistics.median(worst):.0f} ms "
-                f"(runs {', '.join(f'{w:.0f}' for w in worst)}), "
-                f"median {statistics.median(medians):.0f} ms"
-            )
+                for mode, server in servers.items():
+                    print(f"  {mode}: {load_note()}")
+                    began = time.time()
+                    health = _health_during(server.url, uri, args.clients)
+                    ended = time.time()
+                    time.sleep(1.1)  # the probe writes each second once it is over
+                    lag, waited, over = _loop_lag(lag_files[mode], began, ended)
+                    floor = _idle_lag(lag_files[mode], min(max(ended - began, 1.0), 3.0))
+                    for key, value in (("lag", lag), ("cpu wait", waited), ("over 5 ms", over),
+                                       ("rest", lag - waited), ("idle", floor),
+                                       ("health", max(health))):  # fmt: skip
+                        rows[mode].setdefault(key, []).append(value)
+            for mode, row in rows.items():
+                med = {key: statistics.median(values) for key, values in row.items()}
+                print(
+                    f"  {mode:9s}: loop lag worst {med['lag']:.1f} ms (rounds "
+                    f"{', '.join(f'{v:.1f}' for v in row['lag'])}), of which waiting for a CPU "
+                    f"{med['cpu wait']:.1f} ms and the rest (the GIL, the loop's own work) "
+                    f"{med['rest']:.1f} ms (medians of each); {med['over 5 ms']:.0f} ticks over "
+                    f"5 ms a round; idle floor {med['idle']:.1f} ms; "
+                    f"/health worst {med['health']:.0f} ms"
+                )
 
 
 if __name__ == "__main__":

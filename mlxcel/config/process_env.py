@@ -34,6 +34,8 @@ WHISPER_AUDIO_CTX = "MLXCEL_WHISPER_AUDIO_CTX"
 """`auto` or `full`: how much of the 30-second window Whisper's numpy encoder encodes."""
 ALLOW_PRIVATE_MEDIA_URLS = "MLXCEL_ALLOW_PRIVATE_MEDIA_URLS"
 """Exactly `1`: media URLs may resolve to non-public addresses."""
+MEDIA_PROCESSES = "MLXCEL_MEDIA_PROCESSES"
+"""`0`: decode data URIs and pictures on the server's media threads, not in worker processes."""
 VIDEO_DIR_ALLOWLIST = "MLXCEL_VIDEO_DIR_ALLOWLIST"
 """Comma-separated absolute directories local video may be read from."""
 REQUEST_MEMORY_BUDGET = "MLXCEL_REQUEST_MEMORY_BUDGET"
@@ -119,6 +121,11 @@ def whisper_audio_ctx() -> str | None:
 def allow_private_media_urls(environ: Mapping[str, str] | None = None) -> bool:
     """`MLXCEL_ALLOW_PRIVATE_MEDIA_URLS`: True only when it is exactly `1`."""
     return _text(ALLOW_PRIVATE_MEDIA_URLS, environ) == "1"
+
+
+def media_processes() -> bool:
+    """`MLXCEL_MEDIA_PROCESSES`: False only when it is `0`."""
+    return os.environ.get(MEDIA_PROCESSES, "1") != "0"
 
 
 def video_dir_allowlist(environ: Mapping[str, str] | None = None) -> str | None:

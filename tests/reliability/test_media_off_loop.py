@@ -3,7 +3,9 @@
 A 7000x7000 1-bit PNG is 8 KB on the wire and 49 M pixels decoded; four of them used to hold
 `/health` off for seconds. Every step that costs time on a large input (base64, file reads,
 picture decoding, video frames, WAV and audio-upload decoding, the vision processor, the
-image-edit checks) runs on the media pool (`mlxcel.server.media.offload`).
+image-edit checks) runs on the media pool (`mlxcel.server.media.offload`); data URIs and
+pictures in its worker processes by default, on its threads with `MLXCEL_MEDIA_PROCESSES=0`
+(the thread tests here wrap the decoders in this process, so they turn the processes off).
 
 The proof is not a timing: the decoder is wrapped so that it waits on a gate the test holds
 closed; `/health` must answer while those decodes are still in progress (a decode on the loop
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
 import threading
 import wave
 from collections.abc import Callable, Iterator
@@ -27,6 +30,8 @@ import httpx
 import numpy as np
 import pytest
 
+from mlxcel.config.process_env import MEDIA_PROCESSES
+from mlxcel.engine.media.errors import MediaError
 from mlxcel.server.media import MediaPolicy, offload, parts, sources
 from mlxcel.server.media.parts import ModelMedia, collect_media
 
@@ -77,6 +82,7 @@ def test_every_collect_step_runs_on_the_media_pool(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Data URIs, local files, pictures, video frames and WAV clips of one chat message."""
+    monkeypatch.setenv(MEDIA_PROCESSES, "0")
     threads = Threads()
     for module, name in (
         (sources, "parse_data_uri"),
@@ -103,6 +109,51 @@ def test_every_collect_step_runs_on_the_media_pool(
     threads.assert_off_loop(
         "parse_data_uri", "read_local_file", "decode_image", "sample_frames", "decode_wav"
     )
+
+
+def test_data_uris_and_pictures_decode_in_worker_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """By default a data URI's base64 and its picture are decoded in another process (not
+    on the media threads, whose GIL the event loop shares): the same picture as on the
+    threads, and a refusal there is the same MediaError here."""
+    monkeypatch.delenv(MEDIA_PROCESSES, raising=False)
+    on_threads: list[str] = []
+    thread_pool = offload.off_loop
+
+    async def recorded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        on_threads.append(getattr(fn, "__name__", repr(fn)))
+        return await thread_pool(fn, *args, **kwargs)
+
+    for module in (offload, sources, parts):
+        monkeypatch.setattr(module, "off_loop", recorded)
+    assert asyncio.run(offload.off_process(os.getpid)) != os.getpid()
+    pixels = np.random.default_rng(3).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    message = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}}]}
+    model = ModelMedia(frozenset({"text", "image"}))
+    _, inputs = asyncio.run(collect_media([message], MediaPolicy(), model))
+    assert on_threads == []  # neither step ran on the threads
+    assert np.array_equal(np.asarray(inputs.images[0]), pixels)
+    bad = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri[:-9]}}]}
+    with pytest.raises(MediaError, match="not valid base64|corrupt or truncated"):
+        asyncio.run(collect_media([bad], MediaPolicy(), model))
+    assert on_threads == []
+
+
+def test_a_worker_process_that_dies_fails_its_input_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An input that kills its decoding process is a MediaError (a 400) for that request;
+    the server process lives on and the next input gets a new worker."""
+    monkeypatch.delenv(MEDIA_PROCESSES, raising=False)
+    with pytest.raises(MediaError, match="media worker process stopped"):
+        asyncio.run(offload.off_process(os._exit, 3))
+    assert asyncio.run(offload.off_process(os.getpid)) != os.getpid()
 
 
 # ------------------------------------------------------------------ a served vision model
@@ -147,6 +198,7 @@ class Gate:
 def test_health_answers_while_big_pictures_are_decoding(
     vision_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(MEDIA_PROCESSES, "0")  # the gate is a decoder in this process
     gate = Gate(parts.decode_image)
     monkeypatch.setattr(parts, "decode_image", gate)
     threads = Threads()

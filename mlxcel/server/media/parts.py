@@ -19,7 +19,7 @@ from mlxcel.engine.media.errors import MediaError
 from mlxcel.engine.media.images import decode_image
 from mlxcel.engine.media.video import sample_frames
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
-from mlxcel.server.media.offload import off_loop
+from mlxcel.server.media.offload import off_loop, off_process
 from mlxcel.server.media.policy import MediaPolicy
 from mlxcel.server.media.sources import load_media
 
@@ -93,7 +93,7 @@ async def _load_part(
     if kind == "image":
         url = _url(where, part.get("image_url"))
         blob = await load_media(url, "image", policy)
-        inputs.images.append(await off_loop(decode_image, blob.data, policy.max_image_pixels))
+        inputs.images.append(await off_process(decode_image, blob.data, policy.max_image_pixels))
         return [{"type": "image"}]
     if kind == "video":
         field = part.get("video_url")

@@ -11,7 +11,7 @@ from typing import Literal
 from mlxcel.config import process_env
 from mlxcel.engine.media.errors import MediaError
 from mlxcel.server.media.local import read_local_file
-from mlxcel.server.media.offload import off_loop
+from mlxcel.server.media.offload import off_loop, off_process
 from mlxcel.server.media.policy import MediaPolicy
 from mlxcel.server.media.remote import fetch_url
 
@@ -81,14 +81,15 @@ def _local_roots(kind: MediaKind, policy: MediaPolicy, what: str) -> tuple:
 async def load_media(url: str, kind: MediaKind, policy: MediaPolicy) -> MediaBlob:
     """The bytes `url` names, under `policy` (MediaError, a 400, when refused or unusable).
 
-    Base64 decoding and file reads run on the media pool (`offload`), fetches are async."""
+    Base64 decoding runs in a media worker process, file reads on the media threads
+    (`offload`), fetches are async."""
     what = kind
     if not isinstance(url, str) or not url:
         raise MediaError(f"{what} url must be a non-empty string")
     max_bytes = policy.max_bytes(kind)
     lowered = url[:8].lower()
     if lowered.startswith("data:"):
-        mime, data = await off_loop(parse_data_uri, url, max_bytes, what)
+        mime, data = await off_process(parse_data_uri, url, max_bytes, what)
         return MediaBlob(kind, data, mime, "data")
     if lowered.startswith(("http://", "https://")):
         data = await fetch_url(url, policy, max_bytes, what)
