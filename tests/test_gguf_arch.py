@@ -283,6 +283,36 @@ def test_phi3_long_rope_factors_become_the_class_rope_scaling(
     assert _max_error(loaded.model, reference) > 1e-2
 
 
+@pytest.mark.parametrize("name", ["gpt-oss", "mistral3", "phi3-longrope"])
+def test_a_model_with_precomputed_rope_runs_on_another_thread(name: str, arch_dir: Path) -> None:
+    """YaRN and LongRoPE keep their frequencies outside the parameters: loaded, the model
+    runs on a thread other than the loading one (as the engine runs it) with the reference
+    logits; MLX 0.32 refused a graph built on the loading thread there."""
+    import threading
+
+    arch = _phi3_long_rope() if name == "phi3-longrope" else ARCHITECTURES[name]
+    path, reference = write_tiny_arch_gguf(arch, arch_dir / f"thread-{name}.gguf")
+    loaded = load_gguf(path)
+    inputs = mx.array([PROMPT])
+    want = np.array(reference(inputs))  # the reference's own RoPE: on this thread
+    results: list[np.ndarray | BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(np.array(loaded.model(inputs)))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            results.append(exc)
+        finally:
+            mx.clear_streams()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    [got] = results
+    assert isinstance(got, np.ndarray), got
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+
+
 def _with_phi3_long_rope(writer: Any, config: dict[str, Any]) -> None:
     _phi3_long_rope_keys(writer, config, 1.5)
 
