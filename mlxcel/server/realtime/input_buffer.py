@@ -83,15 +83,14 @@ class InputAudioBuffer:
             raise self._full()
         if len(samples) == 0:
             return []
+        if self.detector is not None and not self.detector.speaking:
+            self._trim()  # before the new audio: a turn that stops in it is still whole
         self._chunks.append(samples)
         self._samples += len(samples)
         if self.detector is None:
             return []
         heard = resample(samples.astype(np.float32) / 32768.0, self.rate, VAD_RATE)
-        events = self.detector.feed(heard)
-        if not self.detector.speaking:
-            self._trim()
-        return events
+        return self.detector.feed(heard)
 
     def _full(self) -> ClientEventError:
         return ClientEventError(

@@ -148,8 +148,8 @@ class RealtimeResponse:
             chat_turns(config.instructions, self.context.items),
             options,
             max_tokens=config.max_output_tokens,
-            tools=tools if choice != "none" else None,
-            tool_choice=choice if tools and choice != "none" else None,
+            tools=tools,
+            tool_choice=choice if tools else None,
         )
 
     async def run(self) -> tuple[str, dict[str, Any] | None]:

