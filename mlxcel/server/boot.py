@@ -22,6 +22,7 @@ from mlxcel.server.served_models import audio_wanted, chat_model_wanted, check_m
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
+    from mlxcel.engine.distributed.group import Ranks
     from mlxcel.engine.loading.model import LoadedModel, ModelInfo
     from mlxcel.engine.text.kv_types import KVType
     from mlxcel.engine.text.prompt_cache import PromptCache
@@ -325,26 +326,38 @@ def engine_slots(
 
 def _load_text_into(state: ServerState) -> None:
     """Load the text model and start its batching engine."""
-    from mlxcel.engine.text.scheduler import TextEngine
-
-    settings = state.settings
-    loaded = load_text_model(settings)
-    kv = kv_cache_type(settings, loaded.model)
-    disk = prompt_disk_tier(settings, loaded, kv)
-    engine = TextEngine(
-        loaded,
-        **engine_slots(state, loaded.info.context_length, disk),
-        speculation=speculation_config(settings, loaded),
-        sleep=idle_sleep(settings),
-        kv_type=kv,
-    ).start()
-    if settings.warmup:
+    engine, loaded = build_text_engine(state)
+    engine.start()
+    if state.settings.warmup:
         _warm_up(engine, loaded)
     _serve(state, engine, loaded.tokenizer, loaded.info)
 
 
-def load_text_model(settings: Settings) -> LoadedModel:
-    """The text model the settings name (ModelLoadError when it cannot be loaded)."""
+def build_text_engine(state: ServerState) -> tuple[TextEngine, LoadedModel]:
+    """Load the text model (this rank's shard of it in a group of ranks) and build its
+    engine, not started."""
+    from mlxcel.engine.text.scheduler import TextEngine
+    from mlxcel.server.distributed import lane_for, rank_settings
+
+    settings = state.settings
+    loaded = load_text_model(settings, state.ranks)
+    kv = kv_cache_type(settings, loaded.model)
+    disk = prompt_disk_tier(rank_settings(settings, state.ranks), loaded, kv)
+    lane = lane_for(settings, state.ranks)
+    engine = TextEngine(
+        loaded,
+        **engine_slots(state, loaded.info.context_length, disk),
+        speculation=speculation_config(settings, loaded) if lane is None else None,
+        sleep=idle_sleep(settings) if lane is None else None,
+        kv_type=kv,
+        distributed=lane,
+    )
+    return engine, loaded
+
+
+def load_text_model(settings: Settings, ranks: Ranks | None = None) -> LoadedModel:
+    """The text model the settings name, or this rank's shard of it (ModelLoadError when
+    it cannot be loaded)."""
     from mlxcel.engine.loading import load_model
 
     return load_model(
@@ -353,6 +366,8 @@ def load_text_model(settings: Settings) -> LoadedModel:
         chat_template=chat_template_text(settings),
         cpu_dtype=settings.cpu_dtype,
         cpu_threads=settings.threads,
+        ranks=ranks,
+        pipeline=settings.pipeline,
     )
 
 
@@ -445,6 +460,9 @@ def announce(state: ServerState) -> None:
 
         pool = engine.kv_pool if isinstance(engine, TextEngine) else None
         shared = f", {pool} shared (--kv-unified)" if pool else ""
+        group = state.model_info.extra.get("distributed") if state.model_info else None
+        if group:
+            shared += f"; rank 0 of {group['world_size']} ({group['mode']} parallel)"
         print(
             f"mlxcel: model {state.model_name} ready: {engine.n_slots} slots x "
             f"{engine.context_per_slot} tokens{shared}",

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 from mlxcel.engine.audio.phonemize import PhonemizerUnavailable
+from mlxcel.engine.distributed.group import GroupBrokenError
 from mlxcel.engine.errors import (
     ContextLengthError,
     EngineError,
@@ -61,10 +62,13 @@ def engine_error_answer(exc: EngineError) -> APIError | None:
     error with no answer of its own (it becomes a 500 like any unexpected exception).
 
     A full queue is 503 `server_busy` with the spec's one message; a memory budget 503; a
-    stopped worker 503; a deadline 504; a worker that died mid-request 500; no model for
-    the request 501; a bad request 400 (`context_length_exceeded` for a long prompt).
+    stopped worker or a broken group of ranks 503; a deadline 504; a worker that died
+    mid-request 500; no model for the request 501; a bad request 400
+    (`context_length_exceeded` for a long prompt).
     """
     match exc:
+        case GroupBrokenError():
+            return APIError(503, str(exc), "unavailable_error")
         case QueueFullError():
             return server_busy()
         case RequestMemoryBudgetError():

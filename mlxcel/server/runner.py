@@ -36,6 +36,7 @@ from mlxcel.server.connections import (
     open_file_limit,
     quiet_accept_errors,
 )
+from mlxcel.server.distributed import check_distributed, join_ranks, run_follower
 from mlxcel.server.health import is_draining, set_draining
 from mlxcel.server.http11 import guarded_protocol
 from mlxcel.server.middleware import MAX_HEADER_BYTES
@@ -316,7 +317,11 @@ def run_server(settings: Settings, cli_fields: Collection[str] = ()) -> int:
 
     check_ssl(settings)
     router = router_wanted(settings)
+    ranks = None
     try:
+        ranks = join_ranks(settings)
+        if ranks is not None:  # one rank of a group started by mlx.launch
+            check_distributed(settings)
         if router:  # never announce a port that then disappears
             from mlxcel.server.router.serve import router_serving
 
@@ -326,13 +331,15 @@ def run_server(settings: Settings, cli_fields: Collection[str] = ()) -> int:
     except ModelLoadError as exc:
         print(f"mlxcel: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    if ranks is not None and not ranks.leader:
+        return run_follower(settings, ranks)
     try:
         sockets = _bind_all(settings)
     except OSError as exc:
         print(f"mlxcel: error: {exc}", file=sys.stderr, flush=True)
         return 1
     if not router:
-        serving = single_model(ServerState(settings=settings))
+        serving = single_model(ServerState(settings=settings, ranks=ranks))
     server = _Server(serving, sockets)
     try:
         asyncio.run(server.serve())

@@ -19,6 +19,7 @@ from mlxcel.server.media import MediaPolicy
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
+    from mlxcel.engine.distributed.group import Ranks
     from mlxcel.engine.loading.model import ModelInfo
     from mlxcel.engine.text.prompt_cache import PromptCache
     from mlxcel.engine.text.request import GenerationEvent
@@ -97,6 +98,7 @@ class ServerState:
     media: ModelMedia | None = None  # what a vision model takes; None: a text model
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)  # vision: set at start
     fim: FimTokens = field(default_factory=FimTokens)  # the tokenizer's FIM token ids
+    ranks: Ranks | None = None  # the group of ranks this server is rank 0 of (None: alone)
 
     @property
     def engine(self) -> GenerationEngine | None:

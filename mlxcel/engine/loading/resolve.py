@@ -6,7 +6,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.loading.default_model import DEFAULT_MODEL_NAME, default_model_path
@@ -14,6 +14,9 @@ from mlxcel.engine.loading.describe import quantization_label
 from mlxcel.engine.loading.model import LoadedModel, ModelInfo
 from mlxcel.engine.process_memory import release_memory
 from mlxcel.engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mlxcel.engine.distributed.group import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,8 @@ def load_model(
     chat_template: str | None = None,
     cpu_dtype: str = "keep",
     cpu_threads: int = -1,
+    ranks: Ranks | None = None,
+    pipeline: bool = False,
 ) -> LoadedModel:
     """Load the text model `ref` names; None means the embedded default model.
 
@@ -37,7 +42,9 @@ def load_model(
     them on mlxcel's CPU kernel (packed weights, several times faster than float32 for
     decode) with a float32 copy for prefill when it fits comfortably in memory, and falls
     back to `float32` when the kernel cannot be built here. `cpu_threads` (> 0) sets the
-    kernel's threads (else one per core, at most 8).
+    kernel's threads (else one per core, at most 8). `ranks`: a group of ranks, of which
+    this process keeps only its shard (`mlxcel.engine.distributed.shard`; `pipeline`: by
+    layers).
     """
     if not ref:
         loaded = _load_gguf(default_model_path(), store_dir, source="default")
@@ -49,11 +56,15 @@ def load_model(
                 raise ModelLoadError(f"{ref}: not a GGUF file or a model directory")
             loaded = _load_gguf(path, store_dir, source="gguf")
         elif path.is_dir():
-            loaded = _load_mlx_dir(path, source="mlx", name=path.name)
+            loaded = _load_mlx_dir(path, source="mlx", name=path.name, lazy=ranks is not None)
         else:
             loaded = _load_repo_id(ref)
     if chat_template is not None:
         loaded.tokenizer.chat_template = chat_template
+    if ranks is not None:
+        from mlxcel.engine.distributed.shard import shard_loaded
+
+        shard_loaded(loaded, ranks, pipeline=pipeline)
     _use_float32_on_cpu(loaded.model)
     _apply_cpu_dtype(loaded, cpu_dtype, cpu_threads)
     # Reading, converting and building the tokenizer leave hundreds of MB freed but held by
@@ -283,7 +294,7 @@ def _load_gguf(path: Path, store_dir: str | None, *, source: str) -> LoadedModel
     return LoadedModel(model=gguf.model, tokenizer=tokenizer, info=info)
 
 
-def _load_mlx_dir(path: Path, *, source: str, name: str) -> LoadedModel:
+def _load_mlx_dir(path: Path, *, source: str, name: str, lazy: bool = False) -> LoadedModel:
     from mlxcel.engine.loading.safety import check_model_dir
 
     check_model_dir(path)
@@ -292,7 +303,7 @@ def _load_mlx_dir(path: Path, *, source: str, name: str) -> LoadedModel:
     from mlx_lm.utils import load as mlx_lm_load
 
     try:
-        model, wrapper, config = mlx_lm_load(str(path), return_config=True)  # type: ignore[misc]
+        model, wrapper, config = mlx_lm_load(str(path), lazy=lazy, return_config=True)  # type: ignore[misc]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"{name}: {_first_line(exc)}") from exc
     hf_tokenizer = wrapper._tokenizer

@@ -48,3 +48,4 @@ class EngineSnapshot:
     context_per_slot: int
     kv_type: str = ""  # `-ctk/-ctv` ("": the model's dtype)
     kv_bytes_per_token: int = 0  # keys and values of one token, every layer (0: unknown)
+    failure: str = ""  # why the engine refuses work (a broken group of ranks); "": it works

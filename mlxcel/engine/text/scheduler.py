@@ -33,10 +33,17 @@ whole context, and the tokens all running sequences hold in their KV caches toge
 within `kv_pool`. A step after which they would not fails every running sequence with a
 context-exceeded error, its tokens unsent, as llama-server fails every processing slot
 when its unified KV cache has no room for the next batch.
+
+Distributed (`distributed=`, a `DistributedLane`): the model is one shard of a group of
+ranks (`mlxcel.engine.distributed`). On rank 0 this core schedules as above and sends each
+step's inputs to the other ranks before running it; on the others (`follow()`) the same
+core takes its admissions and cancellations from rank 0 instead of its queue, so every rank
+runs the same batched forwards; the sampled tokens are rank 0's everywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -68,6 +75,7 @@ from mlxcel.engine.text.token_pipeline import TokenPipeline, count_finish
 from mlxcel.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from mlxcel.engine.distributed.lane import DistributedLane
     from mlxcel.engine.text.kv_types import KVType
     from mlxcel.engine.text.speculative.engine_lane import SpeculativeLane
     from mlxcel.engine.text.speculative.lane import LaneToken, SoloLane
@@ -114,9 +122,15 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         batched_sampling: bool | None = None,
         sleep: IdleSleep | None = None,
         kv_type: KVType | None = None,
+        distributed: DistributedLane | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
+        if distributed is not None and (speculation is not None or sleep is not None):
+            raise ValueError(
+                "a model split across ranks neither speculates nor sleeps on idle "
+                "(--spec-type, --spec-draft-model, --sleep-idle-seconds)"
+            )
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.n_slots = slots
@@ -153,6 +167,11 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         self._batch_sampler: Any = None  # sampling.batched.BatchSampler (engine thread only)
         self._rows: Any = None  # batch_rows.BatchRows for the current generator
         self._sleep = sleep  # sleeping on idle (`--sleep-idle-seconds`); None: never
+        self._lane = distributed
+        self._step_sampler: Any = None  # the batch sampler as the generator calls it
+        self._reset_followers = False  # rank 0 failed a step: the followers fail theirs too
+        if distributed is not None:
+            distributed.on_broken = self._group_broken
 
     # ---------------------------------------------------------------- public API
 
@@ -169,8 +188,15 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            waited = 0.0
+            while self._thread.is_alive() and waited < 30:
+                self._thread.join(timeout=0.5)
+                waited += 0.5
+                if self._lane is not None and self._lane.failure is not None:
+                    break  # a collective of a broken group may never return
             self._thread = None
+        if self._lane is not None:
+            self._lane.close()
         self._end_sleep()
 
     def check(self, request: GenerationRequest) -> int:
@@ -190,6 +216,10 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         with self._cond:
             if self._stopping:
                 raise QueueFullError("the engine is shutting down")
+            if self._lane is not None and self._lane.failure is not None:
+                from mlxcel.engine.distributed.group import GroupBrokenError
+
+                raise GroupBrokenError(self._lane.failure)
             if len(self._pending) >= self.max_queue_depth:
                 raise QueueFullError("the prefill queue is full")
             if request.request_id in self._jobs:
@@ -244,6 +274,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
                 self.context_per_slot,
                 kv_name,
                 self.memory.kv_bytes_per_token(),
+                failure=(self._lane.failure or "") if self._lane is not None else "",
             )
 
     # ------------------------------------------------------------- engine thread
@@ -260,6 +291,9 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             mx.clear_streams()
 
     def _loop(self) -> None:
+        if self._lane is not None and not self._lane.leader:
+            self._follow()
+            return
         generator = self._new_generator()
         admitted: list[RunningSequence] = []
         job: RunningSequence | None = None
@@ -269,9 +303,13 @@ class TextEngine(Sleeps, Generic[LoadedT]):
                 while not self._stopping and not self._pending and not self._running:
                     if self._cancelled:
                         break
+                    if self._lane is not None:  # idle: an empty step every heartbeat
+                        self._cond.wait(self._lane.heartbeat)
+                        break
                     if not self._idle_wait():
                         break
                 if self._stopping:
+                    self._share_stop()
                     self._cancel_everything(generator)
                     return
                 cancelled, self._cancelled = self._cancelled, set()
@@ -290,23 +328,140 @@ class TextEngine(Sleeps, Generic[LoadedT]):
                 admitted = []
                 while self._pending and self._free_slots:
                     _, _, job = heapq.heappop(self._pending)
-                    job.slot = self._free_slots.pop(0)
-                    self._used_slots.add(job.slot)
-                    self._running[job.request.request_id] = job
+                    self._occupy(job, self._free_slots[0])
                     admitted.append(job)
-            for job in admitted:
-                self._admit_alone(generator, job)
-            self._prefill_alone(generator)
-            try:
-                if self._spec is not None and self._spec.step(self._batch_side, generator):
-                    continue
-                if self._by_uid:
+            if self._lane is not None and not self._lead(admitted, cancelled):
+                return  # the group is broken: every request has failed
+            generator = self._advance(generator, admitted)
+            if generator is None:
+                return
+
+    def _occupy(self, job: RunningSequence, slot: int) -> None:
+        """Under the lock: `job` takes `slot` (free) and runs."""
+        job.slot = slot
+        self._free_slots.remove(slot)
+        self._used_slots.add(slot)
+        self._running[job.request.request_id] = job
+
+    def _advance(self, generator: Any, admitted: list[RunningSequence]) -> Any:
+        """One step: admit `admitted`, prefill, one batched forward; the generator to go on
+        with (a fresh one after a failed step), or None when the group of ranks broke."""
+        for job in admitted:
+            self._admit_alone(generator, job)
+        self._prefill_alone(generator)
+        try:
+            if self._spec is not None and self._spec.step(self._batch_side, generator):
+                return generator
+            if self._by_uid:
+                if self._lane is None:
                     self._step(generator)
-            except Exception as exc:  # keep the engine alive: fail what was running
-                log.exception("engine step failed")
+                else:
+                    with self._lane.collective():
+                        self._step(generator)
+        except Exception as exc:  # keep the engine alive: fail what was running
+            if self._lane is not None and self._lane.failure is not None:
+                return None
+            log.exception("engine step failed")
+            self._reset_followers = True
+            for job in list(self._running.values()):
+                self._finish(job, "error", error=_first_line(exc))
+            generator = self._new_generator()
+        return generator
+
+    # ------------------------------------------------------ distributed lane
+
+    def _lead(self, admitted: list[RunningSequence], cancelled: set[str]) -> bool:
+        """Rank 0: send this step's inputs to the other ranks; False when the group broke."""
+        from mlxcel.engine.distributed.group import GroupBrokenError
+        from mlxcel.engine.distributed.lane import StepInputs, follower_copy
+
+        assert self._lane is not None
+        inputs = StepInputs(
+            admitted=[(follower_copy(j.request), j.slot, j.max_tokens) for j in admitted],
+            cancelled=sorted(cancelled),
+            reset=self._reset_followers,
+        )
+        self._reset_followers = False
+        try:
+            self._lane.share(inputs)
+        except GroupBrokenError:
+            return False
+        return True
+
+    def _share_stop(self) -> None:
+        """Rank 0, stopping: the other ranks stop too."""
+        if self._lane is None or self._lane.failure is not None:
+            return
+        from mlxcel.engine.distributed.group import GroupBrokenError
+        from mlxcel.engine.distributed.lane import StepInputs
+
+        with contextlib.suppress(GroupBrokenError):
+            self._lane.share(StepInputs(stop=True))
+
+    def follow(self) -> str | None:
+        """A follower rank: run rank 0's steps until it stops; the group's failure, if it
+        broke (None: rank 0 stopped)."""
+        assert self._lane is not None and not self._lane.leader
+        self.start()
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+        return self._lane.failure
+
+    def _follow(self) -> None:
+        """Engine thread of a follower rank: rank 0's admissions and cancellations, the
+        same steps."""
+        from mlxcel.engine.distributed.group import GroupBrokenError
+
+        lane = self._lane
+        assert lane is not None
+        generator = self._new_generator()
+        while True:
+            self._pipeline.flush_sinks()
+            try:
+                inputs = lane.share()
+            except GroupBrokenError:
+                return
+            if inputs.stop:
+                self._cancel_everything(generator)
+                return
+            if inputs.reset:
                 for job in list(self._running.values()):
-                    self._finish(job, "error", error=_first_line(exc))
+                    self._finish(job, "error", error="rank 0 failed the step")
                 generator = self._new_generator()
+            self._drop_cancelled(generator, set(inputs.cancelled))
+            admitted = []
+            with self._cond:
+                for request, slot, budget in inputs.admitted:
+                    job = RunningSequence(request=request, sink=_discard, max_tokens=budget)
+                    self._jobs[request.request_id] = job
+                    self._occupy(job, slot)
+                    admitted.append(job)
+            generator = self._advance(generator, admitted)
+            if generator is None:
+                return
+
+    def _group_broken(self, reason: str) -> None:
+        """The group of ranks broke (any thread): every queued and running request fails;
+        new ones are refused from now on (`_queue`)."""
+        with self._cond:
+            jobs = [job for _, _, job in self._pending] + list(self._running.values())
+            self._pending.clear()
+            self._cond.notify_all()
+        for job in jobs:
+            self._finish(job, "error", error=reason)
+        self._pipeline.flush_sinks()
+
+    def _agreed_prefix(
+        self, tokens: list[int], cache: list[Any] | None, n: int
+    ) -> tuple[list[Any] | None, int]:
+        """The longest cached prefix of `tokens` that every rank's prompt cache holds (each
+        rank caches its own shard of the KV), from this rank's `(cache, n)`."""
+        assert self._lane is not None
+        while True:
+            low, high = self._lane.agree_prefix(n)
+            if low == high:
+                return cache, n
+            cache, n = self.prompt_cache.lookup(tokens[: low + 1]) if low > 0 else (None, 0)
 
     def _fall_asleep(self) -> None:
         """Engine thread: free the model, its caches and the prompt cache."""
@@ -364,6 +519,9 @@ class TextEngine(Sleeps, Generic[LoadedT]):
 
             self._batch_sampler = BatchSampler()
             self._rows = BatchRows(self._batch_sampler)
+        self._step_sampler = self._batch_sampler
+        if self._lane is not None and self._batch_sampler is not None:
+            self._step_sampler = self._lane.shared_sampler(self._batch_sampler)
         model, before_forward = self._step_model()
         return DecodeBatch(
             model,
@@ -397,6 +555,9 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         if not self._caching(job):
             return None
         cache, job.cache_n = self.prompt_cache.lookup(job.request.prompt_tokens)
+        if self._lane is not None:
+            tokens = list(job.request.prompt_tokens)
+            cache, job.cache_n = self._agreed_prefix(tokens, cache, job.cache_n)
         job.start_n = job.cache_n
         return cache
 
@@ -435,7 +596,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             processors = [*processors, grammar_processor(request.grammar)]
         if request.thinking is not None:
             processors = [*processors, request.thinking.processor(self.tokenizer)]
-        job.sampler = sampler
+        job.sampler = self._lane.shared_sampler(sampler) if self._lane is not None else sampler
         if self._spec is not None:
             self._spec.admit(job, processors)
         if self._rows is not None:
@@ -474,7 +635,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             max_tokens=[job.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(prompt[: job.start_n])],
-            samplers=[self._batch_sampler if job.row is not None else job.sampler],
+            samplers=[self._step_sampler if job.row is not None else job.sampler],
             logits_processors=[job.processors],
             stop_sequences=[self._no_stops if request.ignore_eos else self._eos_stops],
         )
@@ -661,6 +822,10 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         self._pending.clear()
         for job in jobs:
             self._finish(job, "cancelled")
+
+
+def _discard(event: GenerationEvent) -> None:
+    """A follower rank's sink: rank 0 answers the clients."""
 
 
 class _BatchSide:

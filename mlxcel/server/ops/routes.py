@@ -106,6 +106,8 @@ def props_payload(state: ServerState) -> dict[str, Any]:
         # mlxcel's: what the model is (general.architecture / model_type) and how it is stored
         "model_architecture": info.architecture if (info := state.model_info) else "",
         "model_quantization": info.quantization if info else "",
+        # ranks the model is split across (`mlx.launch`); 1: this process holds all of it
+        "world_size": int(info.extra.get("distributed", {}).get("world_size", 1)) if info else 1,
         "modalities": _modalities(state),
         "endpoint_slots": bool(settings.slots),
         "endpoint_props": bool(settings.props),

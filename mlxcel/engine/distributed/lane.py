@@ -1,0 +1,202 @@
+"""The engine's distributed lane: rank 0's step inputs reach every rank, and every rank
+runs the same batched forwards.
+
+Rank 0 runs the scheduler. At the top of every engine step it sends the step's inputs
+(`StepInputs`: the requests it admitted, in order, with their slots; the requests it
+cancelled; whether it stops) to the other ranks, which apply them to their own copy of
+the engine core: the same admissions into the same slots, so the same `DecodeBatch` calls
+and the same forwards (tensor parallel: the layers' sums across ranks; pipeline parallel:
+the hidden state passed rank to rank). Three more agreements keep the ranks in step:
+
+- the tokens: every sampler call's tokens are rank 0's (`shared_sampler`), so a request's
+  sequence, its stop strings and its end are the same everywhere;
+- the prompt cache: each rank has its own (holding its own shard of the KV), and a request
+  starts from the longest prefix *every* rank holds (`agree_prefix`);
+- liveness: when idle, rank 0 sends an empty step every `heartbeat` seconds, so a rank
+  that died is noticed; a collective that fails ("connection to a peer was lost") or that
+  has not returned within `timeout` seconds (a watchdog thread) breaks the lane: rank 0's
+  engine fails its requests and refuses new ones (`GroupBrokenError`, HTTP 503) and
+  `/health` answers 503. A follower whose rank 0 is gone stops with an error.
+
+Every collective runs on the engine thread, over mx.distributed, on the stream the forwards
+run on (mlx-lm's `generation_stream`): collectives on two streams would run concurrently
+and meet each other out of order across ranks. The bytes of a step are an all_sum of a
+uint8 array that only rank 0 fills.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from mlxcel.engine.distributed.group import GroupBrokenError, Ranks
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from mlxcel.engine.text.request import GenerationRequest
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 1.0
+
+
+@dataclass
+class StepInputs:
+    """What rank 0 decided before one engine step."""
+
+    admitted: list[tuple[GenerationRequest, int, int]] = field(default_factory=list)
+    """The requests admitted, in order: each with its slot and its token budget."""
+    cancelled: list[str] = field(default_factory=list)
+    reset: bool = False  # rank 0's last step failed: every running request failed with it
+    stop: bool = False
+
+
+def follower_copy(request: GenerationRequest) -> GenerationRequest:
+    """The part of `request` a follower runs: the sampled tokens are rank 0's, so what only
+    shapes sampling (a grammar, a thinking budget) stays on rank 0."""
+    return replace(request, grammar=None, thinking=None)
+
+
+def _stream() -> mx.ThreadLocalStream:
+    """The stream the batched forwards run on."""
+    from mlx_lm.generate import generation_stream
+
+    stream: mx.ThreadLocalStream = generation_stream
+    return stream
+
+
+class DistributedLane:
+    """One rank's side of the step exchange (engine thread only, but `failure`)."""
+
+    def __init__(self, ranks: Ranks, *, timeout: float, heartbeat: float = HEARTBEAT_SECONDS):
+        self.ranks = ranks
+        self.timeout = timeout
+        self.heartbeat = min(heartbeat, timeout / 4)
+        self.failure: str | None = None
+        self.on_broken: Callable[[str], None] | None = None  # set by the engine
+        self._since: float | None = None  # when the collective in progress began
+        self._lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    @property
+    def leader(self) -> bool:
+        return self.ranks.leader
+
+    def start_watchdog(self) -> None:
+        """Rank 0: watch every collective against `timeout` (idempotent)."""
+        if self.leader and self._watchdog is None:
+            self._watchdog = threading.Thread(
+                target=self._watch, name="mlxcel-distributed-watchdog", daemon=True
+            )
+            self._watchdog.start()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # ------------------------------------------------------------ step exchange
+
+    def share(self, inputs: StepInputs | None = None) -> StepInputs:
+        """Rank 0: send `inputs` to every rank and return them; another rank: receive
+        rank 0's (GroupBrokenError when the group is broken)."""
+        import mlx.core as mx
+        import numpy as np
+
+        payload = pickle.dumps(inputs) if self.leader else b""
+        with self.collective():
+            size = self._sum(mx.array([len(payload)], dtype=mx.int32))
+            n = int(np.array(size)[0])
+            if self.leader:
+                data = mx.array(np.frombuffer(payload, dtype=np.uint8))
+            else:
+                data = mx.zeros((n,), dtype=mx.uint8)
+            received = np.array(self._sum(data))
+        if self.leader:
+            assert inputs is not None
+            return inputs
+        shared: StepInputs = pickle.loads(received.tobytes())
+        return shared
+
+    def agree_prefix(self, n: int) -> tuple[int, int]:
+        """(the least, the most) of every rank's `n` (a cached prefix's length)."""
+        import mlx.core as mx
+        import numpy as np
+
+        with self.collective():
+            both = mx.distributed.all_min(
+                mx.array([n, -n], dtype=mx.int64), group=self.ranks.group, stream=_stream()
+            )
+            low, neg_high = (int(v) for v in np.array(both))
+        return low, -neg_high
+
+    def shared_sampler(
+        self, sampler: Callable[[mx.array], mx.array]
+    ) -> Callable[[mx.array], mx.array]:
+        """`sampler`, its tokens replaced by rank 0's (one all_sum in the step's graph)."""
+        import mlx.core as mx
+
+        group = self.ranks.group
+        leader = self.leader
+
+        def sample(logprobs: mx.array) -> mx.array:
+            tokens = sampler(logprobs)
+            mine = tokens if leader else mx.zeros_like(tokens)
+            return mx.distributed.all_sum(mine, group=group, stream=_stream())
+
+        return sample
+
+    # --------------------------------------------------------------- liveness
+
+    @contextmanager
+    def collective(self) -> Iterator[None]:
+        """Around a collective: time it for the watchdog; a failure breaks the lane."""
+        if self.failure is not None:
+            raise GroupBrokenError(self.failure)
+        with self._lock:
+            self._since = time.monotonic()
+        try:
+            yield
+        except RuntimeError as exc:  # the ring backend: "connection to a peer was lost"
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "collective failed"
+            self.broken(f"a rank of the distributed group is gone ({reason})")
+            raise GroupBrokenError(self.failure or reason) from None
+        finally:
+            with self._lock:
+                self._since = None
+        if self.failure is not None:  # the watchdog gave up on this one meanwhile
+            raise GroupBrokenError(self.failure)
+
+    def broken(self, reason: str) -> None:
+        """Mark the group broken (once) and tell the engine."""
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = reason
+        log.error("distributed group broken: %s", reason)
+        if self.on_broken is not None:
+            self.on_broken(reason)
+
+    def _sum(self, array: mx.array) -> mx.array:
+        import mlx.core as mx
+
+        return mx.distributed.all_sum(array, group=self.ranks.group, stream=_stream())
+
+    def _watch(self) -> None:
+        while not self._closed.wait(min(1.0, self.timeout / 4)):
+            with self._lock:
+                since = self._since
+            if since is not None and time.monotonic() - since > self.timeout:
+                self.broken(
+                    f"a rank of the distributed group stopped answering "
+                    f"(no reply within {self.timeout:g} s)"
+                )
+                return
+            if self.failure is not None:
+                return
