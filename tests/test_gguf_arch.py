@@ -205,9 +205,7 @@ def test_gpt_oss_with_mxfp4_experts(arch_dir: Path) -> None:
     same model holding the MXFP4 values; the store keeps them so."""
     from mlxcel.engine.loading.store import ModelStore
 
-    experts = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-    arch = dataclasses.replace(ARCHITECTURES["gpt-oss"], quantized=dict.fromkeys(experts, "MXFP4"))
-    path, reference = write_tiny_arch_gguf(arch, arch_dir / "tiny-gpt-oss-mxfp4.gguf")
+    path, reference = write_tiny_arch_gguf(_mxfp4_gpt_oss(), arch_dir / "tiny-gpt-oss-mxfp4.gguf")
     store = ModelStore(arch_dir / "mxfp4-store")
     for loaded in (load_gguf(path, store=store), load_gguf(path, store=store)):
         modules = [m for _, m in loaded.model.named_modules()]
@@ -396,7 +394,27 @@ def tiny_moe(arch_dir: Path) -> tuple[Path, object]:
 
 def test_generate_cli_runs_a_moe_gguf(tiny_moe: tuple[Path, object]) -> None:
     """`mlxcel generate -m tiny.gguf`: the greedy text of the reference model."""
-    path, reference = tiny_moe
+    _generate_cli_matches(*tiny_moe)
+
+
+def _mxfp4_gpt_oss() -> Any:
+    experts = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    return dataclasses.replace(ARCHITECTURES["gpt-oss"], quantized=dict.fromkeys(experts, "MXFP4"))
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-mxfp4", "mistral3", "phi3-longrope"])
+def test_generate_cli_runs_yarn_and_long_rope_ggufs(name: str, arch_dir: Path) -> None:
+    """`mlxcel generate` (the engine on its own thread, the CPU kernel on) on gpt-oss with
+    MXFP4 experts, Ministral 3 and Phi-3 LongRoPE: the reference model's greedy text."""
+    arch = {
+        "gpt-oss-mxfp4": _mxfp4_gpt_oss,
+        "mistral3": lambda: ARCHITECTURES["mistral3"],
+        "phi3-longrope": _phi3_long_rope,
+    }[name]()
+    _generate_cli_matches(*write_tiny_arch_gguf(arch, arch_dir / f"cli-{name}.gguf"))
+
+
+def _generate_cli_matches(path: Path, reference: object) -> None:
     tokenizer = load_gguf(path).tokenizer
     prompt = "The cat sat on the mat"
     want = tokenizer.decode(_greedy(reference, tokenizer.encode(prompt), 5))
