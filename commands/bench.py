@@ -102,6 +102,14 @@ def bench(
         config.validate()
     except BenchError as exc:
         fail(str(exc))
+    from mlxcel.engine.distributed.group import launched
+
+    if launched():
+        fail(
+            "mlxcel bench runs the model in one process; for a model split across ranks, "
+            "run `mlxcel serve` under mlx.launch and `mlxcel bench serve --url` against "
+            "rank 0 (it reports the world size)"
+        )
     loaded = load_model_or_exit(
         settings.model,
         store=settings.model_store,
@@ -362,8 +370,9 @@ def _print_serve_table(report: ServeBenchReport) -> None:
 
     console = _stdout_console()
     data = report.to_dict()
+    ranks = f"  world size {report.world_size}" if report.world_size else ""
     console.print(
-        f"{data['url']}{data['endpoint']}  model: {report.model or '(not sent)'}  "
+        f"{data['url']}{data['endpoint']}  model: {report.model or '(not sent)'}{ranks}  "
         f"prompt ~{data['prompt_len']} words, max_tokens {data['max_tokens']}"
     )
     table = Table(show_edge=False, header_style="bold")

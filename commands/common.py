@@ -9,6 +9,7 @@ import typer
 
 if TYPE_CHECKING:
     from mlxcel.config import ResolvedSettings
+    from mlxcel.engine.distributed.group import Ranks
     from mlxcel.engine.loading.model import LoadedModel
 
 #: Built-in defaults of the settings the subcommands' options set, as help shows them.
@@ -72,18 +73,32 @@ def load_model_or_exit(
     quiet: bool = False,
     cpu_dtype: str = "keep",
     cpu_threads: int = -1,
+    ranks: Ranks | None = None,
+    pipeline: bool = False,
 ) -> LoadedModel:
-    """Load a text model, or print one line and exit 2."""
+    """Load a text model (this rank's shard of it in a group of `ranks`), or print one line
+    and exit 2."""
+    from functools import partial
+
     from rich.console import Console
 
     from mlxcel.engine.errors import ModelLoadError
     from mlxcel.engine.loading import load_model
 
     console = Console(stderr=True)
+    load = partial(
+        load_model,
+        ref,
+        store_dir=store,
+        cpu_dtype=cpu_dtype,
+        cpu_threads=cpu_threads,
+        ranks=ranks,
+        pipeline=pipeline,
+    )
     try:
         if quiet or not console.is_terminal:
-            return load_model(ref, store_dir=store, cpu_dtype=cpu_dtype, cpu_threads=cpu_threads)
+            return load()
         with console.status(f"loading {ref or 'the default model'}…"):
-            return load_model(ref, store_dir=store, cpu_dtype=cpu_dtype, cpu_threads=cpu_threads)
+            return load()
     except ModelLoadError as exc:
         fail(str(exc))

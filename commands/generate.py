@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
@@ -19,6 +19,9 @@ from .common import (
     resolve,
     settings_actions,
 )
+
+if TYPE_CHECKING:
+    from mlxcel.engine.distributed.group import Ranks
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -170,6 +173,7 @@ def generate(
     text = _read_prompt(prompt_arg, prompt)
 
     from mlxcel.engine.defaults import loop_params, sampling_from_settings
+    from mlxcel.engine.distributed.lane import lane_for
     from mlxcel.engine.errors import InvalidRequestError
     from mlxcel.engine.prompting import PromptError, build_prompt
     from mlxcel.engine.text.request import GenerationRequest
@@ -178,6 +182,7 @@ def generate(
 
     template = _chat_template(settings.chat_template_file, settings.chat_template, settings.jinja)
     vision_dir = vision_model_path(settings.model)
+    ranks = _ranks_or_exit(settings, vision=vision_dir is not None)
     media: Any = None
     if vision_dir is not None:
         from .vision_input import load_vision_or_exit, vision_prompt
@@ -193,6 +198,8 @@ def generate(
             store=settings.model_store,
             cpu_dtype=settings.cpu_dtype,
             cpu_threads=settings.threads,
+            ranks=ranks,
+            pipeline=settings.pipeline,
         )
     if template:
         loaded.tokenizer.chat_template = template
@@ -237,7 +244,14 @@ def generate(
             slots=1,
             prefill_chunk=settings.batch_size,
             kv_type=_kv_type(settings, loaded.model),
+            distributed=lane_for(ranks, settings.distributed_timeout),
         )
+        if ranks is not None and not ranks.leader:  # rank 0 prints; this rank follows it
+            failure = engine.follow()
+            engine.stop()
+            if failure is not None:
+                fail(f"rank {ranks.rank}: {failure}", code=1)
+            return
     pieces: list[str] = []
     start = time.perf_counter()
     try:
@@ -293,6 +307,21 @@ def generate(
             f"finish: {final.finish_reason} | {wall:.2f} s",
             file=sys.stderr,
         )
+
+
+def _ranks_or_exit(settings: Any, *, vision: bool) -> Ranks | None:
+    """The group of ranks `mlx.launch` started this process in (None: alone); one line and
+    exit 2 when it cannot be joined or the model is a vision model."""
+    from mlxcel.engine.distributed.group import join_group
+    from mlxcel.engine.errors import ModelLoadError
+
+    try:
+        ranks = join_group(required=settings.distributed)
+    except ModelLoadError as exc:
+        fail(str(exc))
+    if ranks is not None and vision:
+        fail("a vision model cannot be distributed (text models only)")
+    return ranks
 
 
 def _count_and_rate(what: str, tokens: int, per_second: float) -> str:

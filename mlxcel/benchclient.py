@@ -141,6 +141,7 @@ class ServeBenchReport:
     model: str | None
     levels: list[LevelReport] = field(default_factory=list)
     timed_out: bool = False
+    world_size: int | None = None  # ranks the served model is split across (`/props`)
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON shape (docs/bench.md)."""
@@ -152,6 +153,7 @@ class ServeBenchReport:
             "prompt_len": c.prompt_len,
             "max_tokens": c.max_tokens,
             "timed_out": self.timed_out,
+            "world_size": self.world_size,
             "levels": [level.to_dict() for level in self.levels],
         }
 
@@ -247,6 +249,7 @@ async def run_serve_bench(
         headers=headers(config),
         transport=transport,
     ) as client:
+        report.world_size = await _world_size(client, config)
         if config.warmup:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(_one_request(client, config, model, -1), config.timeout)
@@ -266,6 +269,17 @@ async def run_serve_bench(
 
 
 # ----------------------------------------------------------------------------- internals
+
+
+async def _world_size(client: httpx.AsyncClient, config: ServeBenchConfig) -> int | None:
+    """The ranks the server's model is split across (mlxcel's `/props` `world_size`); None
+    when the server does not say."""
+    try:
+        response = await client.get(f"{config.base_url}/props", timeout=min(config.timeout, 30.0))
+        size = response.json().get("world_size") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 async def _run_level(

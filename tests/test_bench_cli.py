@@ -188,6 +188,7 @@ def test_serve_bench_against_mlxcel_serve(tiny_llama_dir: Path) -> None:
     data = json.loads(out)
     assert data["url"] == server.url and data["endpoint"] == "/v1/chat/completions"
     assert data["model"] == "tiny-llama" and data["timed_out"] is False
+    assert data["world_size"] == 1  # /props: the model is whole in one process
     assert [level["concurrency"] for level in data["levels"]] == [1, 2]
     for level in data["levels"]:
         assert level["requests"] == 4 and level["completed"] == 4

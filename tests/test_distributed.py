@@ -9,6 +9,7 @@ split and `--distributed` outside a launcher stop before listening (exit 2).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -141,7 +142,34 @@ def _check_group(group: RankGroup, model: Path, mode: str, cpu_dtype: str = "aut
 def test_tensor_parallel_matches_one_process(tiny_llama_dir: Path) -> None:
     with RankGroup(["-m", str(tiny_llama_dir), *SERVE]) as group:
         _check_group(group, tiny_llama_dir, "tensor")
+        bench = subprocess.run(
+            [sys.executable, "-m", "mlxcel", "bench", "serve", "--url", group.url, "-c", "2",
+             "-N", "2", "-n", "4", "--prompt-len", "8", "--no-warmup", "--json"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert bench.returncode == 0, bench.stderr
+        report = json.loads(bench.stdout)
+        assert report["world_size"] == 2
+        assert report["levels"][0]["completed"] == 2
     assert "Traceback" not in group.output
+
+
+def test_generate_under_mlx_launch_prints_one_process_text(tiny_llama_dir: Path) -> None:
+    args = ["-m", str(tiny_llama_dir), "-n", "12", "--temp", "0", "Hello there"]
+    alone = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "generate", *args],
+        capture_output=True,
+        timeout=120,
+    )
+    assert alone.returncode == 0, alone.stderr
+    group = RankGroup(args, command="generate").launch()
+    try:
+        assert group.wait_exit(120) == [0]
+    finally:
+        group.stop()
+    text = alone.stdout.decode("utf-8", "replace").strip()
+    assert text and group.output.count(text) == 1, group.output  # rank 0 prints, rank 1 not
+    assert "Traceback" not in group.output and "WARN" not in group.output
 
 
 def test_pipeline_parallel_matches_one_process(tmp_path_factory: pytest.TempPathFactory) -> None:

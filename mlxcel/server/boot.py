@@ -336,14 +336,15 @@ def _load_text_into(state: ServerState) -> None:
 def build_text_engine(state: ServerState) -> tuple[TextEngine, LoadedModel]:
     """Load the text model (this rank's shard of it in a group of ranks) and build its
     engine, not started."""
+    from mlxcel.engine.distributed.lane import lane_for
     from mlxcel.engine.text.scheduler import TextEngine
-    from mlxcel.server.distributed import lane_for, rank_settings
+    from mlxcel.server.distributed import rank_settings
 
     settings = state.settings
     loaded = load_text_model(settings, state.ranks)
     kv = kv_cache_type(settings, loaded.model)
     disk = prompt_disk_tier(rank_settings(settings, state.ranks), loaded, kv)
-    lane = lane_for(settings, state.ranks)
+    lane = lane_for(state.ranks, settings.distributed_timeout)
     engine = TextEngine(
         loaded,
         **engine_slots(state, loaded.info.context_length, disk),

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mlxcel.config import Settings
     from mlxcel.engine.distributed.group import Ranks
-    from mlxcel.engine.distributed.lane import DistributedLane
 
 
 def join_ranks(settings: Settings) -> Ranks | None:
@@ -44,17 +43,6 @@ def check_distributed(settings: Settings) -> None:
     if vision_model_path(settings.model) is not None:
         raise SettingsError("a vision model cannot be distributed (text models only)")
     choose_mode(model_type_at(settings.model) or "unknown", pipeline=settings.pipeline)
-
-
-def lane_for(settings: Settings, ranks: Ranks | None) -> DistributedLane | None:
-    """The engine's distributed lane for `ranks` (None alone)."""
-    if ranks is None:
-        return None
-    from mlxcel.engine.distributed.lane import DistributedLane
-
-    lane = DistributedLane(ranks, timeout=settings.distributed_timeout)
-    lane.start_watchdog()
-    return lane
 
 
 def rank_settings(settings: Settings, ranks: Ranks | None) -> Settings:

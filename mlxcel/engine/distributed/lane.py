@@ -200,3 +200,12 @@ class DistributedLane:
                 return
             if self.failure is not None:
                 return
+
+
+def lane_for(ranks: Ranks | None, timeout: float) -> DistributedLane | None:
+    """The engine's lane for `ranks` (None alone), its watchdog running on rank 0."""
+    if ranks is None:
+        return None
+    lane = DistributedLane(ranks, timeout=timeout)
+    lane.start_watchdog()
+    return lane
