@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import websockets
 from fixtures.audio import SENTENCE, normalized_words, tiny_kokoro_dir
@@ -196,6 +197,45 @@ def test_text_session_streams_output_text(server: ServeProcess) -> None:
     done = client.of("response.done")[0]["response"]
     assert done["output"][0]["content"][0] == {"type": "output_text", "text": text}
     assert done["usage"]["output_tokens"] <= 24
+
+
+def test_g711_in_and_out_and_an_audio_item(server: ServeProcess) -> None:
+    from mlxcel.engine.audio.codec import resample
+    from mlxcel.engine.voice.g711 import alaw_decode, ulaw_encode
+
+    pcm = np.frombuffer(speech_pcm(), dtype="<i2").astype(np.float32) / 32768.0
+    ulaw = ulaw_encode((resample(pcm, 24_000, 8_000) * 32767).astype(np.int16))
+
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            audio = {
+                "input": {"format": {"type": "audio/pcmu"}, "turn_detection": None},
+                "output": {"format": {"type": "audio/pcma"}},
+            }
+            session = {"type": "realtime", "audio": audio, "max_output_tokens": 12}
+            await client.send("session.update", session=session)
+            await client.until("session.updated")
+            content = [{"type": "input_audio", "audio": b64(ulaw)}]
+            await client.send(
+                "conversation.item.create",
+                item={"type": "message", "role": "user", "content": content},
+            )
+            await client.until("conversation.item.done")
+            await client.send("response.create")
+            await client.until("response.done")
+            return client
+
+    client = run(scenario())
+    transcript = client.of("conversation.item.input_audio_transcription.completed")[0]
+    assert normalized_words(transcript["transcript"]) == normalized_words(SENTENCE)
+    item = client.of("conversation.item.done")[0]["item"]
+    assert item["content"][0]["transcript"] == transcript["transcript"]
+    audio = _audio_bytes(client)
+    assert audio and np.abs(alaw_decode(audio).astype(np.int32)).max() > 100
+    done = client.of("response.done")[0]["response"]
+    assert done["audio"]["output"]["format"] == {"type": "audio/pcma"}
 
 
 def test_server_vad_commits_on_silence_and_answers(server: ServeProcess) -> None:

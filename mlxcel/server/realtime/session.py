@@ -129,6 +129,9 @@ class RealtimeSession:
             await handler(self, message)
         except ClientEventError as exc:
             await self.send(error_event(exc, client_id))
+        except Exception:  # a server bug: said, logged, and the session goes on
+            log.exception("realtime session %s: %s failed", self.id, kind)
+            await self.send(server_error_event(f"the server failed on {kind}"))
 
     async def _session_update(self, message: dict[str, Any]) -> None:
         config = apply_session_update(self.config, message.get("session"))
@@ -288,16 +291,18 @@ class RealtimeSession:
 
         fmt = self.config.input_format
         for index, audio in parts:
-            samples = await off_loop(to_whisper, audio, fmt)
             future = None
             try:
+                samples = await off_loop(to_whisper, audio, fmt)
                 future = self.worker.transcribe(samples, TranscriptionOptions())
                 result = await asyncio.wrap_future(future)
             except asyncio.CancelledError:
                 if future is not None:
                     future.cancel()
                 raise
-            except EngineError as exc:
+            except Exception as exc:  # the worker's errors (queue full, timeout...), or a bug
+                if not isinstance(exc, EngineError):
+                    log.exception("realtime session %s: transcription failed", self.id)
                 item["content"][index]["transcript"] = ""
                 await self.send(
                     event(
@@ -357,11 +362,12 @@ class RealtimeSession:
                 status, details = "failed", refused(exc)
                 await self.send(server_error_event(exc.message, exc.type, exc.code))
             except EngineError as exc:
-                status, details = (
-                    "failed",
-                    {"type": "failed", "error": {"type": "server_error", "message": str(exc)}},
-                )
+                status, details = "failed", _failed("server_error", str(exc))
                 await self.send(server_error_event(str(exc)))
+            except Exception:  # a server bug: the answer fails, the session goes on
+                log.exception("realtime session %s: response %s failed", self.id, response.id)
+                status, details = "failed", _failed("server_error", "the response failed")
+                await self.send(server_error_event("the response failed"))
             await self.send(event("response.done", response=response.wire(status, details)))
         finally:
             if self.response is response:
@@ -380,6 +386,11 @@ class RealtimeSession:
         details = {"type": "cancelled", "reason": reason}
         await self.send(event("response.done", response=response.wire("cancelled", details)))
         return True
+
+
+def _failed(kind: str, message: str) -> dict[str, Any]:
+    """`status_details` of a failed response."""
+    return {"type": "failed", "error": {"type": kind, "message": message}}
 
 
 _HANDLERS: dict[str, Callable[[RealtimeSession, dict[str, Any]], Awaitable[None]]] = {
