@@ -396,9 +396,6 @@ def test_a_request_decodes_as_mlx_vlm_generates_it(vlm: Any) -> None:
     """The core's path (multimodal prefill alone, then the batched step over the language
     model) gives the greedy tokens of mlx-vlm's own `generate_step`, as the one-slot engine
     did."""
-    import mlx.core as mx
-    from mlx_vlm.generate import generate_step
-
     request = _request(vlm, "What is in the picture?", [_image((120, 30, 220), (80, 64))], 12)
     engine = VisionEngine(vlm, slots=2)
     try:
@@ -406,17 +403,7 @@ def test_a_request_decodes_as_mlx_vlm_generates_it(vlm: Any) -> None:
     finally:
         engine.stop()
     assert isinstance(request.media, VisionPrompt) and request.media.prepared is not None
-    prepared = request.media.prepared
-    steps = generate_step(
-        prepared.input_ids,
-        vlm.model,
-        prepared.pixel_values,
-        prepared.mask,
-        max_tokens=12,
-        sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
-        **prepared.extra,
-    )
-    assert ours == [int(token) for token, _ in steps]
+    assert ours == _mlx_vlm_greedy(vlm, request.media.prepared, 12)
 
 
 def test_gemma4_audio_batches_as_alone_and_from_the_cache(tmp_path: Path) -> None:
@@ -497,10 +484,10 @@ def test_running_requests_decode_while_a_new_picture_prefills(vlm: Any) -> None:
     assert ("old", "token") in between
 
 
-def test_a_decoder_needing_its_encoders_states_is_refused_clearly() -> None:
-    """mllama-like (cross-attention) and florence2-like (encoder-decoder) language models
-    hand their encoder's states to every decode step, which the batched step does not
-    carry: the request fails with a clear error instead of decoding without them."""
+def test_an_encoder_decoder_is_refused_clearly() -> None:
+    """florence2-like and nemotron_parse-like models put the prompt through an encoder
+    whose states their decoder reads at every step (not through the KV cache the core
+    keeps): the request fails with a clear error instead of decoding without them."""
     from types import SimpleNamespace
 
     import mlx.core as mx
@@ -515,10 +502,141 @@ def test_a_decoder_needing_its_encoders_states_is_refused_clearly() -> None:
     )
     model = SimpleNamespace(
         get_input_embeddings=lambda *a, **k: features,
-        language_model=lambda **k: SimpleNamespace(cross_attention_states=mx.zeros((1, 2))),
+        language_model=lambda **k: SimpleNamespace(encoder_outputs=mx.zeros((1, 2))),
     )
     prepared = PreparedPrompt(tokens, mx.array([tokens]), None, None, {}, "d", tokens)
     prefill = MediaPrefill(LanguageStep(model), prepared, [], 0)
     assert prefill.advance(16) is False  # the media went through the tower
-    with pytest.raises(InvalidRequestError, match="cross-attention"):
+    with pytest.raises(InvalidRequestError, match="encoder-decoder"):
         prefill.advance(16)
+
+
+# --------------------------------------------------- cross-attention (Llama 3.2 Vision)
+
+MLLAMA_PROMPT = (
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{images}{text}<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
+
+
+@pytest.fixture(scope="module")
+def mllama(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from fixtures.tiny_vlm import build_tiny_mllama
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = build_tiny_mllama(tmp_path_factory.mktemp("mllama"))
+    return load_vision_model(path, name="mllama")
+
+
+def _mllama_request(text: str, images: list[Any], max_tokens: int = 10) -> GenerationRequest:
+    prompt = MLLAMA_PROMPT.format(images="<|image|>" * len(images), text=text)
+    return GenerationRequest(
+        prompt_tokens=[],
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=0.0),
+        media=VisionPrompt(prompt, VisionInputs(images=images)),
+        ignore_eos=True,
+    )
+
+
+def _mlx_vlm_greedy(loaded: Any, prepared: Any, max_tokens: int) -> list[int]:
+    """The greedy tokens of mlx-vlm's own generate_step (which carries the cross-attention
+    states from step to step) for a prepared prompt."""
+    import mlx.core as mx
+    from mlx_vlm.generate import generate_step
+
+    steps = generate_step(
+        prepared.input_ids,
+        loaded.model,
+        prepared.pixel_values,
+        prepared.mask,
+        max_tokens=max_tokens,
+        sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
+        **prepared.extra,
+    )
+    return [int(token) for token, _ in steps]
+
+
+def test_mllama_decodes_as_mlx_vlm_generates_it(mllama: Any) -> None:
+    """The vision encoder's states reach every decode step of a cross-attention model: the
+    core gives mlx-vlm's greedy tokens with a picture and with text only, and two pictures
+    give different answers (the states matter). Such a model gets one slot."""
+    engine = VisionEngine(mllama, slots=4)
+    assert engine.n_slots == 1
+    answers = []
+    try:
+        for images in ([_image((200, 40, 40), (60, 40))], [_image((20, 90, 230), (40, 70))], []):
+            request = _mllama_request("What is in the picture?", images, 12)
+            ours = _tokens(list(engine.generate(request)))
+            assert isinstance(request.media, VisionPrompt) and request.media.prepared is not None
+            assert ours == _mlx_vlm_greedy(mllama, request.media.prepared, 12)
+            answers.append(ours)
+    finally:
+        engine.stop()
+    assert answers[0] != answers[1]
+
+
+def test_mllama_requests_run_one_after_another_as_alone(mllama: Any) -> None:
+    """Requests sent together to a cross-attention model run one after another in the core
+    (no two decode in one step), each with the tokens it gives alone."""
+    pictures = [_image((200, 40, 40), (60, 40)), _image((20, 90, 230), (40, 70))]
+    texts = ["Describe it.", "What colour is it?", "Hello there"]
+    requests = lambda: [  # noqa: E731
+        _mllama_request(texts[0], [pictures[0]]),
+        _mllama_request(texts[1], [pictures[1]]),
+        _mllama_request(texts[2], []),
+    ]
+    engine = VisionEngine(mllama, slots=4)
+    try:
+        alone = [_tokens(list(engine.generate(r))) for r in requests()]
+        order: list[str] = []
+        sinks = []
+        for i, request in enumerate(requests()):
+            sink: queue.SimpleQueue[GenerationEvent] = queue.SimpleQueue()
+
+            def record(event: GenerationEvent, i: int = i, sink: Any = sink) -> None:
+                if event.token_ids:
+                    order.append(str(i))
+                sink.put(event)
+
+            engine.submit(request, record)
+            sinks.append(sink)
+        together = [_tokens(_drain(sink)) for sink in sinks]
+    finally:
+        engine.stop()
+    assert together == alone
+    runs = "".join(order)
+    assert sorted(runs) == list(runs)  # each request's tokens all before the next one's
+
+
+def test_mllama_follow_up_turn_gives_the_cold_tokens_from_the_prompt_cache(mllama: Any) -> None:
+    """A follow-up turn about the same picture, served from the prompt cache, runs the
+    vision tower again (its states are not cached) and gives the tokens it gives cold."""
+    from mlxcel.engine.text.prompt_cache import PromptCache
+
+    picture = _image((60, 160, 60), (50, 50))
+    first = _mllama_request("What is it?", [picture], 6)
+    cached = VisionEngine(mllama, slots=1, prompt_cache=PromptCache())
+    cold = VisionEngine(mllama, slots=1)
+    try:
+        answer = _tokens(list(cached.generate(first)))
+        assert isinstance(first.media, VisionPrompt)
+        text = (
+            first.media.text
+            + cached.tokenizer.decode(answer)
+            + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnd its colour?<|eot_id|>"
+            + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
+
+        def follow_up() -> GenerationRequest:
+            request = _mllama_request("", [picture], 8)
+            request.media = VisionPrompt(text, VisionInputs(images=[picture]))
+            return request
+
+        expected = _tokens(list(cold.generate(follow_up())))
+        events = list(cached.generate(follow_up()))
+    finally:
+        cached.stop()
+        cold.stop()
+    assert _tokens(events) == expected
+    assert events[-1].timings is not None and events[-1].timings.cache_n > 0

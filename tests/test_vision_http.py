@@ -337,3 +337,38 @@ def test_audio_reaches_gemma4(tmp_path_factory: pytest.TempPathFactory, tmp_path
             )
         assert answer.status_code == 400
         assert "Combined video and audio inputs are not supported" in answer.text
+
+
+def test_a_served_cross_attention_model_answers_concurrent_pictures(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A tiny Llama 3.2 Vision (mllama) behind `mlxcel serve -np 4`: one slot, so requests
+    sent together are answered one after another, each as it is answered alone; another
+    picture gives another answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from fixtures.tiny_vlm import build_tiny_mllama
+
+    model = build_tiny_mllama(tmp_path_factory.mktemp("mllama"))
+    args = ["-m", str(model), "--api-key", API_KEY, "-c", "2048", "-np", "4"]
+    with ServeProcess(args, env=ENV) as proc:
+        client = openai.OpenAI(base_url=f"{proc.url}/v1", api_key=API_KEY, max_retries=0)
+
+        def answer(color: tuple[int, int, int]) -> str:
+            reply = client.chat.completions.create(
+                model="m",
+                messages=_image_message(_uri(_png(color))),  # type: ignore[arg-type]
+                max_tokens=8,
+                temperature=0,
+            )
+            return reply.choices[0].message.content or ""
+
+        alone = answer((200, 30, 30))
+        with ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(answer, [(200, 30, 30)] * 3))
+        other = answer((20, 60, 240))
+        health = httpx.get(f"{proc.url}/health", headers=AUTH).json()
+    assert alone and together == [alone] * 3
+    assert other != alone
+    assert health["batch"]["max_batch_size"] == 1

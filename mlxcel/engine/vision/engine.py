@@ -15,7 +15,9 @@ runs the step:
   decoding batch like a prompt-cache hit; a text-only request prefills in the batch as on
   a text model;
 - the batch runs the model's language model (`language_step.LanguageStep`), which places
-  each row's positions after its media (mRoPE).
+  each row's positions after its media (mRoPE), and hands a cross-attention model's rows
+  their vision encoder's states (mllama: such a model gets one slot, so its requests run
+  one after another).
 
 The prompt cache works for media requests too, keyed by the prompt with each media
 placeholder replaced by the media's content digest (`prepared.media_cache_key`), so a
@@ -40,7 +42,11 @@ from mlxcel.engine.text.scheduler import TextEngine
 from mlxcel.engine.text.sleep import IdleSleep
 from mlxcel.engine.text.submission import token_budget
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
-from mlxcel.engine.vision.language_step import LanguageStep, MediaPrefill
+from mlxcel.engine.vision.language_step import (
+    LanguageStep,
+    MediaPrefill,
+    carries_encoder_states,
+)
 from mlxcel.engine.vision.loader import LoadedVisionModel
 from mlxcel.engine.vision.prepared import PreparedPrompt, media_cache_key, media_token_ids
 
@@ -67,6 +73,14 @@ class VisionEngine(TextEngine[LoadedVisionModel]):
         batched_sampling: bool | None = None,
         sleep: IdleSleep | None = None,
     ) -> None:
+        self.carries_states = carries_encoder_states(loaded.model)
+        if self.carries_states and slots > 1:
+            log.info(
+                "%s reads its vision encoder's states at every step (cross-attention): "
+                "one slot, requests run one after another",
+                loaded.info.architecture,
+            )
+            slots = 1
         super().__init__(
             loaded,
             slots=slots,
@@ -84,6 +98,7 @@ class VisionEngine(TextEngine[LoadedVisionModel]):
         # media digest -> the position delta of text after those media (engine thread only)
         self._media_deltas: OrderedDict[str, int] = OrderedDict()
         self._media_prefills: dict[str, MediaPrefill] = {}  # by request id (engine thread)
+        self._carried: dict[str, dict[str, Any]] = {}  # a prefill's states until it joins
         self._prepare_lock = threading.Lock()
 
     @property
@@ -202,7 +217,8 @@ class VisionEngine(TextEngine[LoadedVisionModel]):
             cache, job.cache_n = self.prompt_cache.lookup(prepared.cache_key)
             start = job.cache_n
             delta = self._media_deltas.get(prepared.digest)
-            if cache is not None and start >= prepared.media_end and delta is not None:
+            covered = start >= prepared.media_end and not self.carries_states
+            if cache is not None and covered and delta is not None:
                 # Every media token is in the cached prefix: no vision tower, the rest is
                 # text that prefills in the batch (a follow-up turn about the same media).
                 job.start_n, job.position_delta = start, delta
@@ -228,6 +244,8 @@ class VisionEngine(TextEngine[LoadedVisionModel]):
         if not complete:
             return None
         del self._media_prefills[job.request.request_id]
+        if prefill.carried:
+            self._carried[job.request.request_id] = prefill.carried
         self._remember_delta(prefill.prepared.digest, prefill.delta)
         job.start_n, job.position_delta = prefill.position, prefill.delta
         return prefill.cache
@@ -243,6 +261,7 @@ class VisionEngine(TextEngine[LoadedVisionModel]):
     def _inserted(self, job: RunningSequence) -> None:
         assert self._language is not None
         self._language.place(job.uid, job.position_delta)
+        self._language.carry(job.uid, self._carried.pop(job.request.request_id, {}))
 
     def _cache_key(self, job: RunningSequence, tokens: list[int]) -> list[int]:
         prepared: PreparedPrompt = job.request.media.prepared
@@ -253,6 +272,7 @@ class VisionEngine(TextEngine[LoadedVisionModel]):
 
     def _finish(self, job: RunningSequence, reason: Any, **fields: Any) -> None:
         self._media_prefills.pop(job.request.request_id, None)
+        self._carried.pop(job.request.request_id, None)
         if self._language is not None and job.uid >= 0:
             self._language.forget(job.uid)
         super()._finish(job, reason, **fields)

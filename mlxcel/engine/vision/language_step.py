@@ -11,19 +11,43 @@ merged into the prompt's embeddings, every prompt token but the last through the
 model) into a KV cache a piece at a time, between the batch's steps; the cache then joins
 the decoding batch like a prompt-cache hit, and the last prompt token goes through the
 batch.
+
+A cross-attention language model (mlx-vlm's mllama: Llama 3.2 Vision) reads its vision
+encoder's states at every step, not only in the prefill. `MediaPrefill` keeps them
+(`carried`), and `LanguageStep` hands each row's to every forward (`carry`); rows with
+states of different sizes cannot share one forward, so such a model runs one sequence at a
+time (`carries_encoder_states`: the engine gives it one slot). Encoder-decoder models
+(florence2, nemotron_parse), whose prompt goes through an encoder rather than the KV
+cache, are refused.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
 
 from mlxcel.engine.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from mlxcel.engine.vision.prepared import PreparedPrompt
+
+
+CARRIED = "cross_attention_states"
+"""The language-model argument a cross-attention model reads at every step."""
+
+
+def carries_encoder_states(model: Any) -> bool:
+    """Whether `model`'s language model reads its vision encoder's states at every decode
+    step (mllama's cross-attention layers): such a model decodes one sequence at a time."""
+    try:
+        parameters = inspect.signature(model.language_model.__call__).parameters
+    except (TypeError, ValueError):
+        return False
+    return CARRIED in parameters
 
 
 class LanguageStep:
@@ -35,6 +59,7 @@ class LanguageStep:
         self.mrope = hasattr(self.language_model, "get_rope_index")
         self._rows: list[int] = []
         self._deltas: dict[int, int] = {}  # rows whose positions are shifted by their media
+        self._carried: dict[int, dict[str, mx.array]] = {}  # rows' encoder states
 
     @property
     def layers(self) -> Any:
@@ -47,21 +72,35 @@ class LanguageStep:
         make = getattr(self.language_model, "make_cache", None)
         if make is not None:
             return list(make())
-        return [KVCache() for _ in self.language_model.layers]
+        return [
+            _CrossAttentionCache() if hasattr(layer, "cross_attn") else KVCache()
+            for layer in self.language_model.layers
+        ]
 
     def place(self, uid: int, delta: int) -> None:
         """Row `uid`'s positions are its cache offset plus `delta` (mRoPE after media)."""
         if delta:
             self._deltas[uid] = delta
 
+    def carry(self, uid: int, states: dict[str, mx.array]) -> None:
+        """Row `uid`'s encoder states, handed to every forward of that row."""
+        if states:
+            self._carried[uid] = states
+
     def forget(self, uid: int) -> None:
         self._deltas.pop(uid, None)
+        self._carried.pop(uid, None)
 
     def before_forward(self, uids: list[int]) -> None:
         """The rows of the next forward, in order."""
         self._rows = uids
 
     def __call__(self, inputs: mx.array, cache: Any = None) -> mx.array:
+        if self._carried:
+            if len(self._rows) != 1 or inputs.shape[0] != 1:
+                raise RuntimeError("encoder states are carried for one row at a time")
+            states = self._carried.get(self._rows[0], {})
+            return self.language_model(inputs, cache=cache, **states).logits
         if not self.mrope:
             return self.language_model(inputs, cache=cache).logits
         b, n = inputs.shape
@@ -89,6 +128,7 @@ class MediaPrefill:
         self.position = start  # prompt tokens in the cache
         self.end = len(prepared.tokens) - 1
         self.delta = 0  # the row's position delta after its media (mRoPE)
+        self.carried: dict[str, mx.array] = {}  # encoder states every step reads (mllama)
         self._embeds: mx.array | None = None
         self._kwargs: dict[str, Any] = {}
 
@@ -106,7 +146,10 @@ class MediaPrefill:
                 if k != "inputs_embeds" and v is not None
             }
             self._embeds = features.inputs_embeds
-            mx.eval(self._embeds)
+            states = self._kwargs.get(CARRIED)
+            if states is not None:
+                self.carried = {CARRIED: states}
+            mx.eval(self._embeds, *self.carried.values())
             self.delta = _delta(self._kwargs.get("rope_deltas"))
             return self.position >= self.end
         n = min(chunk, self.end - self.position)
@@ -120,23 +163,28 @@ class MediaPrefill:
                 logits_to_keep=1,
                 **self._kwargs,
             )
-            if not _decodes_alone(out):
+            if getattr(out, "encoder_outputs", None) is not None:
                 raise InvalidRequestError(
-                    "this model's decoder reads its media encoder's states at every step "
-                    "(cross-attention or encoder-decoder), which mlxcel's batched vision "
-                    "engine does not carry: not supported"
+                    "this model is an encoder-decoder (its prompt goes through an encoder, "
+                    "whose states its decoder reads at every step), which mlxcel's vision "
+                    "engine does not run: not supported"
                 )
             mx.eval([c.state for c in self.cache])
             self.position += n
         return self.position >= self.end
 
 
-def _decodes_alone(output: Any) -> bool:
-    """Whether a language-model step needs nothing but its tokens and KV cache next time:
-    mlx-vlm's cross-attention (mllama) and encoder-decoder (florence2) models hand their
-    encoder's states to every decode step."""
-    carried = ("cross_attention_states", "encoder_outputs")
-    return all(getattr(output, name, None) is None for name in carried)
+class _CrossAttentionCache(ArraysCache):
+    """The cache of a cross-attention layer (mllama), which reads the carried encoder
+    states and stores nothing: mlx-lm's arrays cache holding one placeholder value per
+    sequence, at offset 0 (a KV cache with nothing in it cannot be merged into a batch or
+    extracted from one)."""
+
+    offset = 0
+
+    def __init__(self, size: int = 1, left_padding: list[int] | None = None) -> None:
+        super().__init__(size, left_padding)
+        self[0] = mx.zeros((1, 1))
 
 
 def _delta(rope_deltas: Any) -> int:
