@@ -127,9 +127,28 @@ def test_sdk_manual_turn_is_transcribed_and_answered_in_streamed_speech(
             await conn.response.create()
             started = time.perf_counter()
             await until("response.done")
+            answer = events[-1]["response"]["output"][0]["id"]
+            # The client played 1 ms of it: only the first sentence stays in the item.
+            probe = {"output_modalities": ["text"], "max_output_tokens": 1}
+            await conn.response.create(response=probe)  # type: ignore[arg-type]
+            await until("response.done")
+            await conn.conversation.item.truncate(
+                item_id=answer, content_index=0, audio_end_ms=10**7
+            )
+            await until("error")
+            await conn.conversation.item.truncate(item_id=answer, content_index=0, audio_end_ms=1)
+            await until("conversation.item.truncated")
+            await conn.response.create(response=probe)  # type: ignore[arg-type]
+            await until("response.done")
             return events, started, time.perf_counter()
 
     events, _, _ = run(scenario())
+    _, full, cut = (
+        e["response"]["usage"]["input_tokens"] for e in events if e["type"] == "response.done"
+    )
+    assert cut < full - 10
+    assert [e["error"]["param"] for e in events if e["type"] == "error"] == ["audio_end_ms"]
+    events = events[: next(i for i, e in enumerate(events) if e["type"] == "response.done") + 1]
     kinds = [e["type"] for e in events]
     completed = next(
         e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"

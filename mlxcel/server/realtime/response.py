@@ -55,6 +55,15 @@ AUDIO_CHUNK_MS = 200
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class SpokenSentence:
+    """A sentence of an answer and where its audio starts and ends (ms into the item)."""
+
+    text: str
+    start_ms: float
+    end_ms: float
+
+
 @dataclass
 class ResponseContext:
     """What a response needs from its session."""
@@ -66,6 +75,7 @@ class ResponseContext:
     items: list[dict[str, Any]]
     add_item: Callable[[dict[str, Any]], str | None]  # appends, returns the previous item's id
     conversation_id: str
+    spoken: dict[str, list[SpokenSentence]]  # item id → its spoken sentences
 
 
 @dataclass
@@ -86,7 +96,7 @@ class _Message:
     item: dict[str, Any]
     output_index: int
     text: str = ""
-    spoken: list[str] = field(default_factory=list)  # sentences whose audio was sent
+    spoken: list[SpokenSentence] = field(default_factory=list)  # whose audio was sent
     audio_ms: float = 0.0
 
 
@@ -203,7 +213,7 @@ class RealtimeResponse:
         await self._stop_speaking()
         message = self._message
         if message is not None and self.config.speaks:
-            message.text = " ".join(message.spoken)
+            message.text = " ".join(s.text for s in message.spoken)
             await self.context.send(
                 event(
                     "conversation.item.truncated",
@@ -259,6 +269,8 @@ class RealtimeResponse:
         item = message_item("assistant", [part], status="in_progress")
         index = await self._add_output(item)
         self._message = _Message(item, index)
+        if speaks:
+            self.context.spoken[item["id"]] = self._message.spoken
         await self.context.send(
             event(
                 "response.content_part.added",
@@ -328,8 +340,9 @@ class RealtimeResponse:
                         delta=piece,
                     )
                 )
+            start = message.audio_ms
             message.audio_ms += duration_ms(data, config.output_format)
-            message.spoken.append(sentence)
+            message.spoken.append(SpokenSentence(sentence, start, message.audio_ms))
 
     async def _close_message(self, status: str = "completed") -> None:
         message, self._message = self._message, None

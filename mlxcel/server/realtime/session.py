@@ -34,7 +34,12 @@ from mlxcel.server.realtime.protocol import (
     new_id,
     server_error_event,
 )
-from mlxcel.server.realtime.response import RealtimeResponse, ResponseContext, refused
+from mlxcel.server.realtime.response import (
+    RealtimeResponse,
+    ResponseContext,
+    SpokenSentence,
+    refused,
+)
 
 if TYPE_CHECKING:
     from starlette.websockets import WebSocket
@@ -77,6 +82,7 @@ class RealtimeSession:
             self.config.input_format, max_audio_seconds, self.config.turn_detection
         )
         self.items: list[dict[str, Any]] = []
+        self.spoken: dict[str, list[SpokenSentence]] = {}  # assistant audio items' sentences
         self.response: RealtimeResponse | None = None
         self._response_task: asyncio.Task[None] | None = None
         self._transcriptions: set[asyncio.Task[None]] = set()
@@ -241,7 +247,34 @@ class RealtimeSession:
         if not found:
             raise ClientEventError("no item with that item_id", param="item_id")
         self.items.remove(found[0])
+        self.spoken.pop(found[0]["id"], None)
         await self.send(event("conversation.item.deleted", item_id=item_id))
+
+    async def _item_truncate(self, message: dict[str, Any]) -> None:
+        """Cut an assistant's spoken item to what the client played: its transcript keeps
+        the sentences whose audio started before `audio_end_ms`."""
+        item_id = message.get("item_id")
+        item = next((i for i in self.items if i["id"] == item_id), None)
+        if item is None or item_id not in self.spoken:
+            raise ClientEventError("no assistant audio item with that item_id", param="item_id")
+        if item.get("status") == "in_progress":
+            raise ClientEventError("the item is still being answered", param="item_id")
+        if message.get("content_index", 0) != 0:
+            raise ClientEventError("content_index must be 0", param="content_index")
+        end = message.get("audio_end_ms")
+        sentences = self.spoken[item_id]
+        total = int(sentences[-1].end_ms) if sentences else 0
+        if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end <= total:
+            raise ClientEventError(
+                f"audio_end_ms must be an integer from 0 to the item's {total} ms of audio",
+                param="audio_end_ms",
+            )
+        kept = [s for s in sentences if s.start_ms < end]
+        self.spoken[item_id] = kept
+        item["content"][0]["transcript"] = " ".join(s.text for s in kept)
+        await self.send(
+            event("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end)
+        )
 
     async def _response_create(self, message: dict[str, Any]) -> None:
         if self._response_task is not None:
@@ -275,7 +308,7 @@ class RealtimeSession:
         previous = self.items[-1]["id"] if self.items else None
         self.items.append(item)
         if len(self.items) > MAX_ITEMS:
-            del self.items[0]
+            self.spoken.pop(self.items.pop(0)["id"], None)
         return previous
 
     def _transcribe(self, item: dict[str, Any], parts: list[tuple[int, np.ndarray]]) -> None:
@@ -345,6 +378,7 @@ class RealtimeSession:
             items=self.items,
             add_item=self.add_item,
             conversation_id=self.conversation_id,
+            spoken=self.spoken,
         )
         response = RealtimeResponse(context, config, new_id("resp"))
         self.response = self.last_response = response
@@ -400,6 +434,7 @@ _HANDLERS: dict[str, Callable[[RealtimeSession, dict[str, Any]], Awaitable[None]
     "input_audio_buffer.clear": RealtimeSession._clear_buffer,
     "conversation.item.create": RealtimeSession._item_create,
     "conversation.item.delete": RealtimeSession._item_delete,
+    "conversation.item.truncate": RealtimeSession._item_truncate,
     "response.create": RealtimeSession._response_create,
     "response.cancel": RealtimeSession._response_cancel,
 }
