@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import math
 import re
 import subprocess
@@ -20,6 +19,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from fixtures.generate_cli import greedy_cli_text
+from fixtures.other_thread import on_another_thread
 from fixtures.tiny_arch_gguf import (
     ARCHITECTURES,
     converted_tensors,
@@ -286,28 +287,12 @@ def test_a_model_with_precomputed_rope_runs_on_another_thread(name: str, arch_di
     """YaRN and LongRoPE keep their frequencies outside the parameters: loaded, the model
     runs on a thread other than the loading one (as the engine runs it) with the reference
     logits; MLX 0.32 refused a graph built on the loading thread there."""
-    import threading
-
     arch = _phi3_long_rope() if name == "phi3-longrope" else ARCHITECTURES[name]
     path, reference = write_tiny_arch_gguf(arch, arch_dir / f"thread-{name}.gguf")
     loaded = load_gguf(path)
     inputs = mx.array([PROMPT])
     want = np.array(reference(inputs))  # the reference's own RoPE: on this thread
-    results: list[np.ndarray | BaseException] = []
-
-    def run() -> None:
-        try:
-            results.append(np.array(loaded.model(inputs)))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            results.append(exc)
-        finally:
-            mx.clear_streams()
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join()
-    [got] = results
-    assert isinstance(got, np.ndarray), got
+    got = on_another_thread(lambda: np.array(loaded.model(inputs)))
     assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
 
 
@@ -418,17 +403,7 @@ def _generate_cli_matches(path: Path, reference: object) -> None:
     tokenizer = load_gguf(path).tokenizer
     prompt = "The cat sat on the mat"
     want = tokenizer.decode(_greedy(reference, tokenizer.encode(prompt), 5))
-    args = ["generate", "-m", str(path), "--json", "--temp", "0", "-n", "5", "--ignore-eos"]
-    out = subprocess.run(
-        [sys.executable, "-m", "mlxcel", *args, "--no-chat-template", prompt],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
-    assert result["usage"]["completion_tokens"] == 5
-    assert result["text"] == want
+    assert greedy_cli_text(path, prompt, 5) == want
 
 
 def test_serve_chat_round_trip_moe(tiny_moe: tuple[Path, object]) -> None:

@@ -60,6 +60,7 @@ from mlxcel.engine.loading.gguf_tokenizer import (
     load_saved_tokenizer,
     save_tokenizer,
 )
+from mlxcel.engine.loading.materialize import materialize
 from mlxcel.engine.loading.store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -623,21 +624,9 @@ def _build_model(
         rope = _FactoredRoPE(dims, float(config["rope_theta"]), rope_factors)
         for layer in model.layers:
             layer.self_attn.rope = rope
-    mx.eval(model.parameters(), _private_arrays(model))
+    materialize(model)
     model.eval()
     return model
-
-
-def _private_arrays(model: nn.Module) -> list[mx.array]:
-    """The arrays a model holds outside its parameters (`_freqs` of mlx-lm's YaRN, LongRoPE
-    and Llama 3 RoPE modules), to evaluate with them at load: left lazy, they are a graph
-    built on the loading thread, which MLX 0.32 cannot evaluate on the engine's thread
-    ("There is no Stream(cpu, 0) in current thread")."""
-    found: list[mx.array] = []
-    for module in model.modules():
-        found += [v for k, v in module.items() if k.startswith("_") and isinstance(v, mx.array)]
-        found += [v for v in vars(module).values() if isinstance(v, mx.array)]
-    return found
 
 
 def _check_shapes(model: nn.Module, weights: dict[str, Any]) -> None:

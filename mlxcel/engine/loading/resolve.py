@@ -67,6 +67,9 @@ def load_model(
         shard_loaded(loaded, ranks, pipeline=pipeline)
     _use_float32_on_cpu(loaded.model)
     _apply_cpu_dtype(loaded, cpu_dtype, cpu_threads)
+    from mlxcel.engine.loading.materialize import materialize
+
+    materialize(loaded.model)  # the engine runs it on another thread
     # Reading, converting and building the tokenizer leave hundreds of MB freed but held by
     # the allocator (262k-token vocabularies especially): hand them back.
     release_memory()

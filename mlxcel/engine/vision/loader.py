@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.loading.materialize import materialize
 from mlxcel.engine.loading.model import ModelInfo
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.engine.vision.detect import NATIVE_VIDEO_FAMILIES, is_vision_config, vision_modalities
@@ -41,20 +42,6 @@ def is_vision_model_dir(path: Path) -> bool:
     """Whether `path` is a model directory whose config declares image/video/audio inputs."""
     config = read_config(path) if path.is_dir() else None
     return config is not None and is_vision_config(config)
-
-
-def _materialize(model: Any) -> None:
-    """Evaluate every array a module holds, parameters or not (private `_x` tables built at
-    init, such as Gemma 4's audio timescales). A lazy array built on the loading thread cannot
-    be evaluated later on the engine thread: MLX streams are per thread."""
-    import mlx.core as mx
-
-    arrays: list[Any] = []
-    for module in model.modules():
-        for value in (*module.values(), *vars(module).values()):
-            if isinstance(value, mx.array):
-                arrays.append(value)
-    mx.eval(arrays)
 
 
 def vision_model_path(ref: str | None) -> Path | None:
@@ -94,7 +81,7 @@ def load_vision_model(path: Path, *, name: str, source: str = "mlx") -> LoadedVi
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{name}: mlx-vlm cannot load this model: {first}") from exc
-    _materialize(model)
+    materialize(model)
     hf_tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
     eos = config.get("eos_token_id")
     eos_ids = [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
