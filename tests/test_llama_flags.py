@@ -234,6 +234,9 @@ FIELD_VALUES: dict[str, tuple[str, Any]] = {
     "models_preset": ("models.ini", "models.ini"),
     "models_max": ("2", 2),
     "distributed_timeout": ("5", 5.0),
+    "realtime_max_sessions": ("3", 3),
+    "realtime_idle_timeout": ("60", 60.0),
+    "realtime_max_audio_seconds": ("30", 30.0),
 }
 
 
