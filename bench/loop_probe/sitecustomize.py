@@ -9,10 +9,11 @@ nothing in mlxcel loads it.
   wall time it waited for the GIL.
 - `$MLXCEL_LOOP_LAG` (a file): a ticker on the loop asks to run every `TICK` seconds
   (`call_later`) and appends, once a second, `unix_time ticks lag_max_ms runqueue_ms
-  over_5ms` for the ticks of that second: how late the latest one ran after its due time
-  (the loop's lag, as any callback it runs sees it), what the loop thread waited for a
-  CPU over that tick, and how many ticks were over 5 ms late. This is the server's own
-  lag, without the HTTP client's.
+  over_5ms rest_max_ms` for the ticks of that second: how late the latest one ran after
+  its due time (the loop's lag, as any callback it runs sees it), what the loop thread
+  waited for a CPU over that tick, how many ticks were over 5 ms late, and the most any
+  tick was late beyond its wait for a CPU (waiting for the GIL, or the loop's own work).
+  This is the server's own lag, without the HTTP client's.
 - `$MLXCEL_LOOP_DUMP` (a file, with `$MLXCEL_LOOP_LAG`): when a tick runs over
   `DUMP_AFTER` seconds late, the other threads' stacks as they are then are written
   there: a thread that held the GIL in one long call has just returned from it, so where
@@ -68,7 +69,8 @@ class _LagTicker:
     def __init__(self, loop: asyncio.AbstractEventLoop, out: object, dump: object) -> None:
         self.loop, self.out, self.dump = loop, out, dump
         self.second = int(time.time())
-        self.ticks, self.worst, self.worst_queued, self.over = 0, 0.0, 0.0, 0
+        self.ticks, self.over = 0, 0
+        self.worst = self.worst_queued = self.worst_rest = 0.0
         self.due, self.queued = 0.0, 0
         self._arm()
 
@@ -92,18 +94,23 @@ class _LagTicker:
 
     def _tick(self) -> None:
         lag = time.perf_counter() - self.due
+        queued = (_runqueue_ns() - self.queued) / 1e9
         if self.dump is not None and lag > DUMP_AFTER:
-            self._dump(lag, (_runqueue_ns() - self.queued) / 1e9)
+            self._dump(lag, queued)
         self.ticks += 1
         self.over += lag > 0.005
         if lag > self.worst:
-            self.worst, self.worst_queued = lag, (_runqueue_ns() - self.queued) / 1e9
+            self.worst, self.worst_queued = lag, queued
+        self.worst_rest = max(self.worst_rest, lag - queued)
         now = int(time.time())
         if now != self.second:
-            worst, queued = self.worst * 1000, self.worst_queued * 1000
-            line = f"{self.second} {self.ticks} {worst:.3f} {queued:.3f} {self.over}\n"
-            self.out.write(line)  # type: ignore[attr-defined]
-            self.second, self.ticks, self.worst, self.worst_queued, self.over = now, 0, 0.0, 0.0, 0
+            worst, queued_ms = self.worst * 1000, self.worst_queued * 1000
+            rest = self.worst_rest * 1000
+            self.out.write(  # type: ignore[attr-defined]
+                f"{self.second} {self.ticks} {worst:.3f} {queued_ms:.3f} {self.over} {rest:.3f}\n"
+            )
+            self.second, self.ticks, self.over = now, 0, 0
+            self.worst = self.worst_queued = self.worst_rest = 0.0
         self._arm()
 
 

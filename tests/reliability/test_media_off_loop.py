@@ -88,6 +88,7 @@ def test_every_collect_step_runs_on_the_media_pool(
         (sources, "parse_data_uri"),
         (sources, "read_local_file"),
         (parts, "decode_image"),
+        (sources, "decode_image"),
         (parts, "sample_frames"),
         (parts, "decode_wav"),
     ):
@@ -201,6 +202,7 @@ def test_health_answers_while_big_pictures_are_decoding(
     monkeypatch.setenv(MEDIA_PROCESSES, "0")  # the gate is a decoder in this process
     gate = Gate(parts.decode_image)
     monkeypatch.setattr(parts, "decode_image", gate)
+    monkeypatch.setattr(sources, "decode_image", gate)  # a data URI's picture
     threads = Threads()
     import mlx_vlm  # the vision processor (resize, patches), which the engine calls lazily
 

@@ -21,7 +21,7 @@ from mlxcel.engine.media.video import sample_frames
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
 from mlxcel.server.media.offload import off_loop, off_process
 from mlxcel.server.media.policy import MediaPolicy
-from mlxcel.server.media.sources import load_media
+from mlxcel.server.media.sources import decode_image_uri, is_data_uri, load_media
 
 _KINDS = {
     "image_url": "image",
@@ -92,8 +92,13 @@ async def _load_part(
 ) -> list[dict[str, Any]]:
     if kind == "image":
         url = _url(where, part.get("image_url"))
-        blob = await load_media(url, "image", policy)
-        inputs.images.append(await off_process(decode_image, blob.data, policy.max_image_pixels))
+        if is_data_uri(url):  # one trip to a worker process: the picture comes back
+            max_bytes = policy.max_bytes("image")
+            image = await off_process(decode_image_uri, url, max_bytes, policy.max_image_pixels)
+        else:
+            blob = await load_media(url, "image", policy)
+            image = await off_process(decode_image, blob.data, policy.max_image_pixels)
+        inputs.images.append(image)
         return [{"type": "image"}]
     if kind == "video":
         field = part.get("video_url")

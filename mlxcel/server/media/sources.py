@@ -6,10 +6,11 @@ import base64
 import binascii
 import urllib.parse
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from mlxcel.config import process_env
 from mlxcel.engine.media.errors import MediaError
+from mlxcel.engine.media.images import decode_image
 from mlxcel.server.media.local import read_local_file
 from mlxcel.server.media.offload import off_loop, off_process
 from mlxcel.server.media.policy import MediaPolicy
@@ -63,6 +64,17 @@ def parse_data_uri(uri: str, max_bytes: int, what: str) -> tuple[str | None, byt
     if len(data) > max_bytes:
         raise MediaError(f"{what} is larger than {max_bytes} bytes")
     return mime, data
+
+
+def decode_image_uri(uri: str, max_bytes: int, max_pixels: int) -> Any:
+    """The picture of an image data URI (base64 and picture decoding in one call, so a
+    worker process sends back only the picture)."""
+    _, data = parse_data_uri(uri, max_bytes, "image")
+    return decode_image(data, max_pixels)
+
+
+def is_data_uri(url: object) -> bool:
+    return isinstance(url, str) and url[:5].lower() == "data:"
 
 
 def _local_roots(kind: MediaKind, policy: MediaPolicy, what: str) -> tuple:
