@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -515,18 +516,25 @@ def test_auth_by_header_or_subprotocol(server: ServeProcess) -> None:
 
 
 def test_sessions_past_the_limit_are_closed_with_1013(server: ServeProcess) -> None:
+    async def opened(stack: contextlib.AsyncExitStack) -> Any:
+        """A session that got `session.created` (an earlier test's may still be ending)."""
+        for _ in range(50):
+            ws = await stack.enter_async_context(connect(ws_url(server.url), API_KEY))
+            try:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                return ws
+            except websockets.ConnectionClosed:
+                await asyncio.sleep(0.2)
+        raise AssertionError("no session was accepted")
+
     async def scenario() -> tuple[int | None, str]:
-        async with (
-            connect(ws_url(server.url), API_KEY) as one,
-            connect(ws_url(server.url), API_KEY) as two,
-        ):
-            await one.recv()
-            await two.recv()
-            async with connect(ws_url(server.url), API_KEY) as three:
-                with pytest.raises(websockets.ConnectionClosed):
-                    await asyncio.wait_for(three.recv(), 30)
-                assert three.close_code is not None
-                return three.close_code, three.close_reason or ""
+        async with contextlib.AsyncExitStack() as stack:
+            await opened(stack)
+            await opened(stack)
+            three = await stack.enter_async_context(connect(ws_url(server.url), API_KEY))
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(three.recv(), 30)
+            return three.close_code, three.close_reason or ""
 
     code, reason = run(scenario())
     assert code == 1013 and "too many realtime sessions" in reason
