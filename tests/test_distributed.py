@@ -155,20 +155,24 @@ def test_tensor_parallel_matches_one_process(tiny_llama_dir: Path) -> None:
 
 
 def test_generate_under_mlx_launch_prints_one_process_text(tiny_llama_dir: Path) -> None:
-    args = ["-m", str(tiny_llama_dir), "-n", "12", "--temp", "0", "Hello there"]
+    # --json: one line written at once (the launcher relays output in chunks, and may cut
+    # a streamed multi-byte character in two).
+    args = ["-m", str(tiny_llama_dir), "-n", "12", "--temp", "0", "--json", "Hello there"]
     alone = subprocess.run(
         [sys.executable, "-m", "mlxcel", "generate", *args],
         capture_output=True,
+        text=True,
         timeout=120,
     )
     assert alone.returncode == 0, alone.stderr
+    expected = json.loads(alone.stdout)["text"]
     group = RankGroup(args, command="generate").launch()
     try:
         assert group.wait_exit(120) == [0]
     finally:
         group.stop()
-    text = alone.stdout.decode("utf-8", "replace").strip()
-    assert text and group.output.count(text) == 1, group.output  # rank 0 prints, rank 1 not
+    answers = [json.loads(line) for line in group.lines if line.startswith("{")]
+    assert [a["text"] for a in answers] == [expected], group.output  # rank 0's alone
     assert "Traceback" not in group.output and "WARN" not in group.output
 
 

@@ -21,7 +21,8 @@ the hidden state passed rank to rank). Three more agreements keep the ranks in s
 Every collective runs on the engine thread, over mx.distributed, on the stream the forwards
 run on (mlx-lm's `generation_stream`): collectives on two streams would run concurrently
 and meet each other out of order across ranks. The bytes of a step are an all_sum of a
-uint8 array that only rank 0 fills.
+uint8 array that only rank 0 fills, after an all_sum of its size (0 for a step with no
+new inputs: nothing more is sent).
 """
 
 from __future__ import annotations
@@ -109,18 +110,22 @@ class DistributedLane:
         import mlx.core as mx
         import numpy as np
 
-        payload = pickle.dumps(inputs) if self.leader else b""
+        # A plain decode step has nothing to send: its size 0 is the whole exchange.
+        payload = pickle.dumps(inputs) if self.leader and inputs != StepInputs() else b""
         with self.collective():
             size = self._sum(mx.array([len(payload)], dtype=mx.int32))
             n = int(np.array(size)[0])
-            if self.leader:
-                data = mx.array(np.frombuffer(payload, dtype=np.uint8))
+            if n == 0:
+                received = None
+            elif self.leader:
+                received = np.array(self._sum(mx.array(np.frombuffer(payload, dtype=np.uint8))))
             else:
-                data = mx.zeros((n,), dtype=mx.uint8)
-            received = np.array(self._sum(data))
+                received = np.array(self._sum(mx.zeros((n,), dtype=mx.uint8)))
         if self.leader:
             assert inputs is not None
             return inputs
+        if received is None:
+            return StepInputs()
         shared: StepInputs = pickle.loads(received.tobytes())
         return shared
 
