@@ -21,7 +21,7 @@ from mlxcel.engine.media.video import sample_frames
 from mlxcel.engine.vision.inputs import VisionInputs, VisionPrompt
 from mlxcel.server.media.offload import off_loop, off_process
 from mlxcel.server.media.policy import MediaPolicy
-from mlxcel.server.media.sources import decode_image_uri, is_data_uri, load_media
+from mlxcel.server.media.sources import decode_data_image, is_data_uri, load_media
 
 _KINDS = {
     "image_url": "image",
@@ -94,7 +94,7 @@ async def _load_part(
         url = _url(where, part.get("image_url"))
         if is_data_uri(url):  # one trip to a worker process: the picture comes back
             max_bytes = policy.max_bytes("image")
-            image = await off_process(decode_image_uri, url, max_bytes, policy.max_image_pixels)
+            image = await decode_data_image(url, max_bytes, policy.max_image_pixels)
         else:
             blob = await load_media(url, "image", policy)
             image = await off_process(decode_image, blob.data, policy.max_image_pixels)
