@@ -2,8 +2,8 @@
 
 `SamplingFields` is the pydantic base of the OpenAI request bodies: every sampling knob of
 the spec (OpenAI names, with llama-server's spellings accepted as aliases), stop strings,
-token limits, `n`, `cache_prompt`, loop detection and logit bias. Fields may also sit in a
-nested `extra_body` object (clients that forward OpenAI SDK `extra_body` literally); the
+token limits, `n`, `cache_prompt`, `id_slot`, loop detection and logit bias. Fields may also
+sit in a nested `extra_body` object (clients that forward OpenAI SDK `extra_body` literally); the
 root value wins. `to_generation_request` turns one into a `GenerationRequest` with the
 server's defaults filled in.
 """
@@ -59,6 +59,7 @@ class SamplingFields(_KnobFields):
     stop: str | list[str] | None = None
     n: int | None = None
     cache_prompt: bool | None = None
+    id_slot: int | None = None  # llama-server's: the slot to run in (-1: any)
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
     max_pattern_size: int | None = None
@@ -237,6 +238,7 @@ def to_generation_request(
         ignore_eos=bool(ignore_eos),
         cache_prompt=resolve_cache_prompt(settings, fields.cache_prompt),
         priority=priority,
+        id_slot=-1 if fields.id_slot is None else fields.id_slot,
         logprobs=logprobs,
     )
 

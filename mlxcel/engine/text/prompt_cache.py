@@ -228,8 +228,13 @@ class PromptCache:
 
     # ------------------------------------------------------------------ engine thread
 
-    def lookup(self, tokens: Sequence[int]) -> tuple[list[Any] | None, int]:
+    def lookup(
+        self, tokens: Sequence[int], slot: int | None = None
+    ) -> tuple[list[Any] | None, int]:
         """`(kv_cache, n_cached)` for the longest cached prefix of `tokens`, or `(None, 0)`.
+        `slot`: a request pinned to that slot (`id_slot`) starts from what the slot holds
+        (its last sequence, or a file restored into it), as llama-server's slot keeps its KV;
+        from the longest cached prefix only when the slot holds none of `tokens`.
 
         The cache returned is a fresh copy holding exactly `n_cached` tokens, and
         `n_cached < len(tokens)` so at least one token is left to prefill.
@@ -242,7 +247,9 @@ class PromptCache:
         with self._lock:
             self._expire(self._clock())
             self.lookups += 1
-            entry, n_cached = self._best_match(tokens, hashes)
+            entry, n_cached = self._slot_match(slot, tokens) if slot is not None else (None, 0)
+            if entry is None:
+                entry, n_cached = self._best_match(tokens, hashes)
             if entry is None:
                 return None, 0
             self.hits += 1
@@ -451,6 +458,20 @@ class PromptCache:
                 # A shallower block holds at most `start - 1` matching tokens: no better.
                 return best, best_n
         return None, 0
+
+    def _slot_match(self, slot: int, tokens: list[int]) -> tuple[_Entry | None, int]:
+        """The entry serving what `slot` last held, and how many tokens of `tokens` it gives
+        (at most all but the last); `(None, 0)` when it gives none."""
+        held = self._slot_tokens.get(slot)
+        if not held:
+            return None, 0
+        entry = self._covering(held, block_hashes(held, self.block_size))
+        if entry is None:
+            return None, 0
+        n = min(_common_prefix(held, tokens, 0), len(tokens) - 1)
+        if n <= 0 or (not entry.trimmable and n != len(entry.tokens)):
+            return None, 0
+        return entry, n
 
     def _covering(self, tokens: list[int], hashes: list[bytes]) -> _Entry | None:
         """An entry that already serves every prefix of `tokens`."""

@@ -45,6 +45,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     cache_prompt: bool = True
     priority: Priority = Priority.NORMAL
+    id_slot: int = -1  # llama-server's `id_slot`: the slot to run in (-1: any free one)
     logprobs: int | None = None  # None: off; N >= 0: sampled token + N alternatives
     post_sampling_probs: bool = False  # logprobs under the distribution actually sampled from
     grammar: Any = None  # a compiled grammar (mlxcel.engine.grammar.CompiledGrammar) or None

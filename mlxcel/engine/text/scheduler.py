@@ -70,7 +70,7 @@ from mlxcel.engine.text.sleep import (
     resolve,
 )
 from mlxcel.engine.text.speculative import SpeculationConfig
-from mlxcel.engine.text.submission import iterate_events, token_budget
+from mlxcel.engine.text.submission import check_slot, iterate_events, token_budget
 from mlxcel.engine.text.token_pipeline import TokenPipeline, count_finish
 from mlxcel.engine.tokenizer import Tokenizer
 
@@ -210,7 +210,9 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         self._queue(request, sink, budget)
 
     def _queue(self, request: GenerationRequest, sink: EventSink, budget: int) -> None:
-        """Put a checked request in the priority queue (QueueFullError when it is full)."""
+        """Put a checked request in the priority queue (QueueFullError when it is full; an
+        InvalidRequestError for a slot the engine does not have)."""
+        check_slot(request, self.n_slots)
         job = RunningSequence(request=request, sink=sink, max_tokens=budget)
         job.flush = getattr(sink, "flush", None)
         with self._cond:
@@ -296,7 +298,6 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             return
         generator = self._new_generator()
         admitted: list[RunningSequence] = []
-        job: RunningSequence | None = None
         while True:
             self._pipeline.flush_sinks()  # the last iteration's events go out before any wait
             with self._cond:
@@ -317,7 +318,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             self._drop_cancelled(generator, cancelled)
             if transition == "sleep":
                 # The last jobs go too: a finished one still holds its draft lane.
-                generator, admitted, job = None, [], None
+                generator, admitted = None, []
                 self._fall_asleep()
                 continue
             if transition == "wake":
@@ -325,16 +326,34 @@ class TextEngine(Sleeps, Generic[LoadedT]):
                 if generator is None:  # the reload failed: still asleep
                     continue
             with self._cond:
-                admitted = []
-                while self._pending and self._free_slots:
-                    _, _, job = heapq.heappop(self._pending)
-                    self._occupy(job, self._free_slots[0])
-                    admitted.append(job)
+                admitted = self._admissions()
             if self._lane is not None and not self._lead(admitted, cancelled):
                 return  # the group is broken: every request has failed
             generator = self._advance(generator, admitted)
             if generator is None:
                 return
+
+    def _admissions(self) -> list[RunningSequence]:
+        """Under the lock: queued jobs, in priority order, into free slots. A job pinned to
+        a slot (`id_slot`) waits until that slot is free; the others take the lowest free
+        slot no waiting pinned job asks for, else the lowest."""
+        admitted: list[RunningSequence] = []
+        waiting: list[tuple[int, int, RunningSequence]] = []
+        while self._pending and self._free_slots:
+            entry = heapq.heappop(self._pending)
+            job = entry[2]
+            slot = job.request.id_slot
+            if slot < 0:
+                wanted = {p[2].request.id_slot for p in (*self._pending, *waiting)}
+                slot = next((s for s in self._free_slots if s not in wanted), self._free_slots[0])
+            elif slot not in self._free_slots:
+                waiting.append(entry)
+                continue
+            self._occupy(job, slot)
+            admitted.append(job)
+        for entry in waiting:
+            heapq.heappush(self._pending, entry)
+        return admitted
 
     def _occupy(self, job: RunningSequence, slot: int) -> None:
         """Under the lock: `job` takes `slot` (free) and runs."""
@@ -554,7 +573,8 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         `_grow_start_cache`."""
         if not self._caching(job):
             return None
-        cache, job.cache_n = self.prompt_cache.lookup(job.request.prompt_tokens)
+        pinned = job.slot if job.request.id_slot >= 0 else None  # starts from its slot's KV
+        cache, job.cache_n = self.prompt_cache.lookup(job.request.prompt_tokens, slot=pinned)
         if self._lane is not None:
             tokens = list(job.request.prompt_tokens)
             cache, job.cache_n = self._agreed_prefix(tokens, cache, job.cache_n)

@@ -42,6 +42,16 @@ def token_budget(
     return budget
 
 
+def check_slot(request: GenerationRequest, n_slots: int) -> None:
+    """InvalidRequestError when the request asks for a slot (`id_slot`) the engine does not
+    have (-1 is any slot)."""
+    if not -1 <= request.id_slot < n_slots:
+        raise InvalidRequestError(
+            f"id_slot {request.id_slot} is out of range: this server has {n_slots} slots "
+            f"(0 to {n_slots - 1}, or -1 for any)"
+        )
+
+
 def iterate_events(
     submit: Callable[[GenerationRequest, Sink], None],
     cancel: Callable[[str], None],
