@@ -2,7 +2,7 @@
 for it while it is busy, starts from what that slot holds, and answers with that `id_slot`;
 a slot the server does not have is a 400 in the OpenAI error shape. Then llama.cpp's
 `test_slot_save` scenario (pinned requests, save slot 1, restore into slot 0) as counts of
-this model's tokens."""
+this model's tokens, on a server started as the suite starts it (`--no-slots`)."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def server(
     saved = tmp_path_factory.mktemp("pinned-slots")
     proc = ServeProcess(
         ["-m", str(tiny_llama_dir), "-np", "2", "-c", "2048", "--no-warmup",
-         "--slot-save-path", str(saved), "--temp", "0"],
+         "--slot-save-path", str(saved), "--temp", "0", "--no-slots"],
     ).start()  # fmt: skip
     yield proc
     proc.stop()
@@ -144,6 +144,17 @@ def _common(a: list[int], b: list[int]) -> int:
     return next(
         (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
+
+
+def test_slot_actions_need_only_the_save_path(server: ServeProcess) -> None:
+    """As llama-server (and its suite, which starts servers with `--no-slots`): `--no-slots`
+    turns off the monitoring endpoint, not the slot actions `--slot-save-path` enables."""
+    with server.client() as client:
+        assert client.get("/slots").status_code == 501
+        _complete(client, FRANCE, 0)
+        saved = client.post("/slots/0?action=save", json={"filename": "no-slots.bin"})
+        assert saved.status_code == 200, saved.text
+        assert client.post("/slots/0?action=erase").status_code == 200
 
 
 def test_llama_cpp_slot_save_restore(server: ServeProcess) -> None:

@@ -255,11 +255,15 @@ async def slot_action(
     id_slot: str, raw: Request, state: ServerState = Depends(get_state)
 ) -> dict[str, Any]:
     """`?action=save|restore` (`filename` in the body, a file of `--slot-save-path`) and
-    `?action=erase`, llama-server's answers; the engine's `SlotFiles` does the work."""
+    `?action=erase`, llama-server's answers; the engine's `SlotFiles` does the work. As
+    llama-server, `--slot-save-path` enables them whatever `--slots` says (the monitoring
+    endpoint's switch); without it, erase needs `--slots`."""
     from mlxcel.engine.errors import InvalidRequestError
     from mlxcel.engine.text.slot_files import SlotFiles
 
-    _slots_enabled(state)
+    directory = state.settings.slot_save_path
+    if not directory:
+        _slots_enabled(state)
     engine = _engine(state)
     try:
         slot = int(id_slot)
@@ -270,7 +274,6 @@ async def slot_action(
     action = raw.query_params.get("action", "")
     if action not in ("save", "restore", "erase"):
         raise bad_request("Invalid action")
-    directory = state.settings.slot_save_path
     snap = engine.snapshot()
     files = SlotFiles(Path(directory or "."), state.prompt_cache, snap.kv_type, state.model_name)
     if action == "erase":
