@@ -7,9 +7,10 @@ Both load the ~20M-parameter float32 llama fixture (tensor parallel; `--pipeline
 qwen2 of the same size split by layers) and decode `-n` tokens greedily from a short
 prompt at one sequence and at `-b` sequences at once; the time per decode step is the
 engine's own (`decode_seconds_total / decode_steps`), so loading and prefill are not in
-it. Printed: each round's ms/step and the median ratio two ranks / one process. Both
-ranks share this machine's cores with each other, so on a small box the ratio includes
-CPU contention, not only the loopback collectives.
+it. Printed: each round's ms/step, the time of one all_sum between the ranks, and the
+median ratio two ranks / one process. Both ranks share this machine's cores with each
+other, so on a small box the ratio includes CPU contention, not only the loopback
+collectives (a tensor-parallel decode step holds two sums per layer and two of the lane).
 
     .venv/bin/python bench/distributed_step.py [-n TOKENS] [-r ROUNDS] [-b BATCH] [--pipeline]
 """
@@ -59,6 +60,7 @@ def _worker(model: str, tokens: int, batch: int, pipeline: bool) -> None:
     if ranks is not None and not ranks.leader:
         engine.follow()
         engine.stop()
+        _all_sum_ms(ranks, loaded.model.args.hidden_size)
         return
     prompt = loaded.tokenizer.encode(PROMPT, add_special=True)
     results = {}
@@ -69,7 +71,23 @@ def _worker(model: str, tokens: int, batch: int, pipeline: bool) -> None:
         c = engine.counters
         results[str(n_seq)] = 1000 * c.decode_seconds_total / max(1, c.decode_steps)
     engine.stop()
+    if ranks is not None:  # what one collective of a decode step's size costs here
+        results["all_sum"] = _all_sum_ms(ranks, loaded.model.args.hidden_size)
     print(RESULT + json.dumps(results), flush=True)
+
+
+def _all_sum_ms(ranks: Any, hidden: int, n: int = 50) -> float:
+    """Milliseconds per all_sum of one sequence's hidden state between the ranks."""
+    import time
+
+    import mlx.core as mx
+
+    x = mx.ones((1, hidden))
+    mx.eval(mx.distributed.all_sum(x, group=ranks.group))
+    start = time.perf_counter()
+    for _ in range(n):
+        mx.eval(mx.distributed.all_sum(x, group=ranks.group))
+    return 1000 * (time.perf_counter() - start) / n
 
 
 def _decode(engine: Any, prompts: list[list[int]], tokens: int) -> None:
@@ -134,6 +152,7 @@ def main() -> None:
         port = str(free_ring_ports(2))
         launch = [str(MLX_LAUNCH), "--backend", "ring", "--hostfile", str(hostfile)]
         two = _run([*launch, "--starting-port", port, "--", *worker], env)
+        print(f"round {r + 1}: one all_sum between the ranks {two.pop('all_sum'):.2f} ms")
         for n_seq in one:
             ratio = two[n_seq] / one[n_seq]
             ratios.setdefault(n_seq, []).append(ratio)

@@ -206,6 +206,7 @@ def test_killed_follower_makes_rank_0_refuse_work(tiny_llama_dir: Path) -> None:
             time.sleep(0.2)
             health = client.get("/health")
         assert health.status_code == 503, health.text
+        assert health.json()["status"] == "unavailable"  # the HAProxy check's word
         assert "distributed group" in health.json()["error"]
         started = time.monotonic()
         refused = client.post("/completion", json={"prompt": tokens, "n_predict": 4})

@@ -51,7 +51,7 @@ def health_payload(state: ServerState) -> tuple[int, dict[str, Any]]:
         }
     snap = engine.snapshot()
     if snap.failure:  # e.g. a rank of a distributed model is gone: no work can run
-        return 503, {"status": "error", "error": snap.failure, "tool_call_parser": None}
+        return 503, {"status": "unavailable", "error": snap.failure, "tool_call_parser": None}
     active = sum(1 for slot in snap.slots if slot.state != "idle")
     counters = snap.counters
     full = active >= len(snap.slots)
