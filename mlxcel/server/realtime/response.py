@@ -79,17 +79,6 @@ class ResponseContext:
 
 
 @dataclass
-class Timings:
-    """When the response's milestones happened (perf_counter seconds; 0: not yet)."""
-
-    created: float = 0.0
-    admitted: float = 0.0
-    first_text: float = 0.0
-    first_sentence: float = 0.0
-    first_audio: float = 0.0
-
-
-@dataclass
 class _Message:
     """The open assistant message item."""
 
@@ -107,7 +96,7 @@ class RealtimeResponse:
         self.context = context
         self.config = config
         self.id = response_id
-        self.timings = Timings()
+        self.started = 0.0
         self.output: list[dict[str, Any]] = []
         self.usage: dict[str, Any] | None = None
         self._admitted: AdmittedChat | None = None
@@ -166,10 +155,9 @@ class RealtimeResponse:
         """Generate and speak the answer; (status, status_details) of `response.done`.
         Raises APIError when the request is refused before it starts."""
         context = self.context
-        self.timings.created = time.perf_counter()
+        self.started = time.perf_counter()
         admitted = await ChatCore(context.state).start(self.chat_request(), context.websocket)
         self._admitted = admitted
-        self.timings.admitted = time.perf_counter()
         if self.config.speaks:
             self._speaker = asyncio.ensure_future(self._speak())
         splitter = admitted.plan.stream(admitted.job.request.request_id)
@@ -188,12 +176,13 @@ class RealtimeResponse:
         failure = engine_failure(final)
         if failure is not None:
             await self._stop_speaking()
+            await self._close_message(status="incomplete")
             return "failed", {
                 "type": "failed",
                 "error": {"type": failure.type, "message": failure.message},
             }
         if final.finish_reason in NORMAL_FINISH:
-            context.state.counters.record(final, time.perf_counter() - self.timings.created)
+            context.state.counters.record(final, time.perf_counter() - self.started)
         self.usage = _usage(final.prompt_tokens, final.completion_tokens)
         for sentence in self._chunker.finish():
             self._say(sentence)
@@ -287,8 +276,6 @@ class RealtimeResponse:
         if not text:
             return
         message = self._message or await self._open_message()
-        if not self.timings.first_text:
-            self.timings.first_text = time.perf_counter()
         message.text += text
         kind = (
             "response.output_audio_transcript.delta"
@@ -308,8 +295,6 @@ class RealtimeResponse:
                 self._say(sentence)
 
     def _say(self, sentence: str) -> None:
-        if not self.timings.first_sentence:
-            self.timings.first_sentence = time.perf_counter()
         self._sentences.put_nowait(sentence)
 
     async def _speak(self) -> None:
@@ -330,8 +315,6 @@ class RealtimeResponse:
                 continue
             data = encode_audio(speech.samples, speech.sample_rate, config.output_format)
             for piece in base64_chunks(data, config.output_format, AUDIO_CHUNK_MS):
-                if not self.timings.first_audio:
-                    self.timings.first_audio = time.perf_counter()
                 await self.context.send(
                     event(
                         "response.output_audio.delta",

@@ -88,7 +88,6 @@ class RealtimeSession:
         self._transcriptions: set[asyncio.Task[None]] = set()
         self._speech_item: str | None = None  # the item id of the speech being heard
         self._speech_start_ms = 0
-        self.last_response: RealtimeResponse | None = None  # for the latency bench and logs
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -381,7 +380,7 @@ class RealtimeSession:
             spoken=self.spoken,
         )
         response = RealtimeResponse(context, config, new_id("resp"))
-        self.response = self.last_response = response
+        self.response = response
         await self.send(event("response.created", response=response.wire("in_progress")))
         self._response_task = asyncio.ensure_future(self._respond(response))
 
