@@ -216,24 +216,45 @@ def test_killed_follower_makes_rank_0_refuse_work(tiny_llama_dir: Path) -> None:
         assert group.procs[0].poll() is None  # rank 0 is still up and answering
 
 
+def _refused_by_every_rank(args: list[str]) -> str:
+    """Start two ranks (without the launcher, which stops the other ranks when one fails
+    and exits 0 itself); both must exit 2 before rank 0 listens: the first error line."""
+    group = RankGroup(args, launcher=False).launch()
+    try:
+        codes = group.wait_exit(120)
+    finally:
+        group.stop()
+    assert codes == [2, 2], group.output
+    assert "listening on" not in group.output and "Traceback" not in group.output
+    errors = [line for line in group.output.splitlines() if line.startswith("mlxcel: error:")]
+    assert len(errors) == 2, group.output
+    return errors[0]
+
+
 def test_family_that_cannot_be_split_stops_before_listening(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     from fixtures.tiny_gemma3 import write_tiny_gemma3_gguf
 
     model, _ = write_tiny_gemma3_gguf(tmp_path_factory.mktemp("gemma") / "tiny-gemma3.gguf")
-    # Without the launcher, which stops the other ranks when one fails and exits 0 itself.
-    group = RankGroup(["-m", str(model), *SERVE], launcher=False).launch()
-    try:
-        codes = group.wait_exit(120)
-    finally:
-        group.stop()
-    assert codes == [2, 2], group.output  # every rank refuses, before rank 0 listens
-    assert "listening on" not in group.output
-    errors = [line for line in group.output.splitlines() if line.startswith("mlxcel: error:")]
-    assert len(errors) == 2, group.output
-    assert "gemma3_text family can be split across ranks neither" in errors[0]
-    assert "tensor parallel: " in errors[0] and "llama" in errors[0] and "qwen2" in errors[0]
+    error = _refused_by_every_rank(["-m", str(model), *SERVE])
+    assert "gemma3_text family can be split across ranks neither" in error
+    assert "tensor parallel: " in error and "llama" in error and "qwen2" in error
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--pipeline"], "the llama family cannot be split by layers; it can run tensor"),
+        (["--slot-save-path", "{tmp}"], "--slot-save-path cannot be used with a distributed"),
+    ],
+)
+def test_what_a_split_model_cannot_do_stops_before_listening(
+    tiny_llama_dir: Path, tmp_path: Path, extra: list[str], needle: str
+) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    error = _refused_by_every_rank(["-m", str(tiny_llama_dir), *SERVE, *args])
+    assert needle in error, error
 
 
 def test_distributed_switch_outside_a_launcher_is_one_error(tiny_llama_dir: Path) -> None:

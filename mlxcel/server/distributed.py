@@ -4,8 +4,8 @@ Rank 0 is the server: it listens, schedules and answers; its engine sends every 
 the other ranks (`mlxcel.engine.distributed`). Every other rank loads its shard and follows
 (`run_follower`) until rank 0 stops, or exits non-zero when rank 0 is gone. What a split
 model cannot do is refused before the port opens (exit 2): router mode, vision models,
-speculative decoding, sleeping on idle, and a family mlx-lm can split neither by tensors
-nor by layers.
+speculative decoding, sleeping on idle, slot files, and a family mlx-lm can split neither
+by tensors nor by layers.
 """
 
 from __future__ import annotations
@@ -42,15 +42,23 @@ def check_distributed(settings: Settings) -> None:
         raise SettingsError("--sleep-idle-seconds cannot be used with a distributed model")
     if vision_model_path(settings.model) is not None:
         raise SettingsError("a vision model cannot be distributed (text models only)")
+    if settings.slot_save_path:
+        raise SettingsError(
+            "--slot-save-path cannot be used with a distributed model (each rank holds only "
+            "its shard of a slot's KV cache)"
+        )
     choose_mode(model_type_at(settings.model) or "unknown", pipeline=settings.pipeline)
 
 
 def rank_settings(settings: Settings, ranks: Ranks | None) -> Settings:
     """`settings` for this rank: its prompt-cache disk tier in a directory of its own (each
-    rank caches its own shard of the KV; ranks may share a disk)."""
+    rank caches its own shard of the KV, whose shapes depend on the group's size and how the
+    model is split; ranks may share a disk)."""
     if ranks is None or not settings.prompt_cache_dir:
         return settings
-    directory = Path(settings.prompt_cache_dir).expanduser() / f"rank-{ranks.rank}"
+    split = "pipeline" if settings.pipeline else "tensor"
+    group = f"{ranks.size}-ranks-{split}/rank-{ranks.rank}"
+    directory = Path(settings.prompt_cache_dir).expanduser() / group
     return settings.model_copy(update={"prompt_cache_dir": str(directory)})
 
 
@@ -62,8 +70,9 @@ def run_follower(settings: Settings, ranks: Ranks) -> int:
     from mlxcel.server.boot import build_text_engine
     from mlxcel.server.state import ServerState
 
+    state = ServerState(settings=settings, ranks=ranks)
     try:
-        engine, loaded = build_text_engine(ServerState(settings=settings, ranks=ranks))
+        engine, loaded = build_text_engine(state)
     except (ModelLoadError, SettingsError) as exc:
         print(f"mlxcel: error: rank {ranks.rank}: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -75,6 +84,8 @@ def run_follower(settings: Settings, ranks: Ranks) -> int:
     )
     failure = engine.follow()
     engine.stop()
+    if failure is None and state.prompt_cache is not None:
+        state.prompt_cache.persist()  # to the disk tier, if any, as rank 0 does at its stop
     if failure is not None:
         print(f"mlxcel: error: rank {ranks.rank}: {failure}", file=sys.stderr, flush=True)
         return 1
