@@ -192,14 +192,16 @@ def test_gguf_tensor_parallel_matches_one_process(tiny_gguf: Path) -> None:
         _check_group(group, tiny_gguf, "tensor", cpu_dtype="keep")
 
 
-def test_killed_follower_makes_rank_0_refuse_work(tiny_llama_dir: Path) -> None:
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_lost_follower_makes_rank_0_refuse_work(tiny_llama_dir: Path, how: int) -> None:
     """Ranks started as mlx.launch starts them, but without the launcher (which would stop
-    rank 0 too): rank 1 killed, rank 0 answers 503 on /health and refuses requests."""
+    rank 0 too): rank 1 killed (its sockets close) or frozen (they stay open: only the
+    watchdog sees it), rank 0 answers 503 on /health and refuses requests."""
     args = ["-m", str(tiny_llama_dir), *SERVE, "--distributed-timeout", "3"]
     with RankGroup(args, launcher=False) as group, group.client(timeout=10) as client:
         tokens = _tokenize(client, PROMPTS[0])
         assert _complete(client, tokens)["tokens"]
-        os.kill(group.pid_of_rank(1), signal.SIGKILL)
+        os.kill(group.pid_of_rank(1), how)
         deadline = time.monotonic() + 60
         health = client.get("/health")
         while health.status_code == 200 and time.monotonic() < deadline:
@@ -208,12 +210,16 @@ def test_killed_follower_makes_rank_0_refuse_work(tiny_llama_dir: Path) -> None:
         assert health.status_code == 503, health.text
         assert health.json()["status"] == "unavailable"  # the HAProxy check's word
         assert "distributed group" in health.json()["error"]
+        if how == signal.SIGSTOP:  # the watchdog's, within --distributed-timeout
+            assert "stopped answering (no reply within 3 s)" in health.json()["error"]
         started = time.monotonic()
         refused = client.post("/completion", json={"prompt": tokens, "n_predict": 4})
         assert refused.status_code == 503, refused.text
         assert "distributed group" in refused.json()["error"]["message"]
         assert time.monotonic() - started < 5  # refused at once, not after a hang
         assert group.procs[0].poll() is None  # rank 0 is still up and answering
+        if how == signal.SIGSTOP:
+            os.kill(group.pid_of_rank(1), signal.SIGCONT)  # so that it can be stopped
 
 
 def _refused_by_every_rank(args: list[str]) -> str:
