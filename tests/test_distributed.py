@@ -185,6 +185,21 @@ def test_pipeline_parallel_matches_one_process(tmp_path_factory: pytest.TempPath
     assert "Traceback" not in group.output
 
 
+def test_gguf_pipeline_parallel_matches_one_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A GGUF file is converted whole, then each rank keeps only its layers."""
+    from fixtures.tiny_models import build_tiny_model, write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("qwen2-gguf")
+    model = write_tiny_gguf(
+        build_tiny_model(root / "dir", "qwen2", seed=5), root / "q.gguf", "Q8_0"
+    )
+    args = ["-m", str(model), "--pipeline", "--cpu-dtype", "keep", *SERVE]
+    with RankGroup(args) as group:
+        _check_group(group, model, "pipeline", cpu_dtype="keep")
+
+
 def test_gguf_tensor_parallel_matches_one_process(tiny_gguf: Path) -> None:
     # The sharded layers run MLX's quantized matmul, not mlxcel's CPU kernel (int8
     # activations): the one-process reference runs the same (`--cpu-dtype keep`).
