@@ -6,6 +6,8 @@ completion load nothing heavy; each subcommand imports the engine when it runs.
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from mlxcel import __version__
@@ -78,4 +80,7 @@ app.command("serve", help=serve.__doc__, context_settings=serve.CONTEXT_SETTINGS
 
 def main() -> None:
     """Console-script entry point."""
+    # transformers (imported by mlx-lm and the tokenizer loaders) prints an advisory line,
+    # "PyTorch was not found...", on every start without torch, which mlxcel never needs.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     app()

@@ -52,6 +52,16 @@ def test_generate_n0_prints_no_rate(tiny_llama_dir: Path) -> None:
     assert "(not evaluated with -n 0)" in line and "generation: 0 tokens |" in line
 
 
+@pytest.mark.slow
+def test_generate_on_the_default_gguf_prints_only_its_stats_line(smollm2_gguf: Path) -> None:
+    # transformers' "PyTorch was not found" advisory is not mlxcel's to show a user
+    for _ in ("converting", "from the store"):
+        out = _mlxcel("generate", "-m", str(smollm2_gguf), "-n", "0", "hi")
+        assert out.returncode == 0, out.stderr
+        [line] = out.stderr.strip().splitlines()
+        assert line.startswith("prompt: "), line
+
+
 def test_bad_model_file_is_named_once(tmp_path: Path) -> None:
     bad = tmp_path / "notamodel.gguf"
     bad.write_bytes(b"this is not a model")
