@@ -13,6 +13,7 @@ other, so on a small box the ratio includes CPU contention, not only the loopbac
 collectives (a tensor-parallel decode step holds two sums per layer and two of the lane).
 
     .venv/bin/python bench/distributed_step.py [-n TOKENS] [-r ROUNDS] [-b BATCH] [--pipeline]
+        [--rank-threads N]
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _model(pipeline: bool) -> Path:
     return out
 
 
-def _worker(model: str, tokens: int, batch: int, pipeline: bool) -> None:
+def _worker(model: str, tokens: int, batch: int, pipeline: bool, threads: int) -> None:
     """One rank (or the lone process): load, decode, print the engine's ms per step."""
     from mlxcel.engine.distributed.group import join_group
     from mlxcel.engine.distributed.lane import lane_for
@@ -55,7 +56,9 @@ def _worker(model: str, tokens: int, batch: int, pipeline: bool) -> None:
     from mlxcel.engine.text.scheduler import TextEngine
 
     ranks = join_group()
-    loaded = load_model(model, cpu_dtype="auto", ranks=ranks, pipeline=pipeline)
+    loaded = load_model(
+        model, cpu_dtype="auto", cpu_threads=threads, ranks=ranks, pipeline=pipeline
+    )
     engine = TextEngine(loaded, slots=batch, distributed=lane_for(ranks, 120.0))
     if ranks is not None and not ranks.leader:
         engine.follow()
@@ -130,10 +133,17 @@ def main() -> None:
     parser.add_argument("-r", "--rounds", type=int, default=3)
     parser.add_argument("-b", "--batch", type=int, default=4)
     parser.add_argument("--pipeline", action="store_true")
+    parser.add_argument(
+        "--rank-threads",
+        type=int,
+        default=-1,
+        help="CPU kernel threads of each rank (-1: one per core, as the one process has)",
+    )
+    parser.add_argument("--threads", type=int, default=-1, help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        _worker(args.worker, args.tokens, args.batch, args.pipeline)
+        _worker(args.worker, args.tokens, args.batch, args.pipeline, args.threads)
         return
     sys.path.insert(0, str(ROOT / "tests"))
     from fixtures.rank_group import MLX_LAUNCH, free_ring_ports
@@ -151,7 +161,8 @@ def main() -> None:
         one = _run(worker, env)
         port = str(free_ring_ports(2))
         launch = [str(MLX_LAUNCH), "--backend", "ring", "--hostfile", str(hostfile)]
-        two = _run([*launch, "--starting-port", port, "--", *worker], env)
+        ranks = [*worker, "--threads", str(args.rank_threads)]
+        two = _run([*launch, "--starting-port", port, "--", *ranks], env)
         print(f"round {r + 1}: one all_sum between the ranks {two.pop('all_sum'):.2f} ms")
         for n_seq in one:
             ratio = two[n_seq] / one[n_seq]
