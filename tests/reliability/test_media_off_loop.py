@@ -129,7 +129,8 @@ def test_data_uris_and_pictures_decode_in_worker_processes(
     for module in (offload, sources, parts):
         monkeypatch.setattr(module, "off_loop", recorded)
     assert asyncio.run(offload.off_process(os.getpid)) != os.getpid()
-    pixels = np.random.default_rng(3).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    # noise over 400x300: its data URI is longer than one staged piece (256 KiB)
+    pixels = np.random.default_rng(3).integers(0, 255, (300, 400, 3), dtype=np.uint8)
     from PIL import Image
 
     out = io.BytesIO()

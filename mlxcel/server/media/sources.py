@@ -104,7 +104,13 @@ async def decode_data_image(uri: str, max_bytes: int, max_pixels: int) -> Any:
 
 
 def _stage_text(stack: contextlib.ExitStack, text: str) -> Path:
-    return stack.enter_context(staged_file(text.encode("utf-8", "surrogatepass"), ".uri"))
+    """`text` (UTF-8) in a staged file, encoded a piece at a time (one copy of a whole data
+    URI would hold the GIL for it)."""
+    pieces = (
+        text[at : at + _B64_CHUNK].encode("utf-8", "surrogatepass")
+        for at in range(0, len(text), _B64_CHUNK)
+    )
+    return stack.enter_context(staged_file(pieces, ".uri"))
 
 
 def _local_roots(kind: MediaKind, policy: MediaPolicy, what: str) -> tuple:
