@@ -595,3 +595,4 @@ def test_501_names_the_missing_models() -> None:
     assert body["error"]["type"] == "not_implemented"
     message = body["error"]["message"]
     assert "-m MODEL" in message and "--tts-model" in message and "--audio-model" not in message
+    assert "(it serves transcription)" in message  # the spec: the message names what is served

@@ -49,7 +49,12 @@ def test_embedding_only_server_serves_minilm_and_refuses_chat() -> None:
             ):
                 answer = http.request(method, path, json=body)
                 assert answer.status_code == 501, (path, answer.text)
-                assert "runs no chat model (it serves embeddings)" in answer.text, path
+                error = answer.json()["error"]
+                # the spec's 501 for a route no model of this server handles (Anthropic's
+                # route answers in Anthropic's shape)
+                family_type = "api_error" if path == "/v1/messages" else "not_implemented"
+                assert error["type"] == family_type, path
+                assert "runs no chat model (it serves embeddings)" in error["message"], path
             assert http.get("/v1/models").json()["data"][0]["id"] == "all-MiniLM-L6-v2"
 
 

@@ -55,7 +55,7 @@ def no_chat_model_router(routers: Sequence[APIRouter], settings: Settings) -> AP
     )
 
     async def unavailable() -> None:
-        raise APIError(501, message, "not_supported_error")
+        raise APIError(501, message, "not_implemented")
 
     stub = APIRouter()
     for router in routers:

@@ -26,6 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from mlxcel.server.errors import MODEL_LOADING, error_body
 from mlxcel.server.middleware import ApiKeys
+from mlxcel.server.no_chat_model import served_uses
 from mlxcel.server.realtime.protocol import ClientEventError, error_event
 from mlxcel.server.realtime.session import RealtimeSession, Send
 
@@ -76,9 +77,11 @@ def _refusal(websocket: WebSocket, state: ServerState) -> JSONResponse | None:
             return JSONResponse(error_body(message, failure), status_code=401)
     missing = missing_models(state)
     if missing:
+        uses = (["chat"] if state.client is not None else []) + served_uses(state.settings)
         message = (
             "/v1/realtime needs a chat model, a speech-to-text model and a text-to-speech"
             f" model; this server has no {', and no '.join(missing)}"
+            f" (it serves {', '.join(uses) or 'no model routes'})"
         )
         return JSONResponse(error_body(message, "not_implemented"), status_code=501)
     if state.loading or state.client is None or state.audio is None or not state.audio.ready:
