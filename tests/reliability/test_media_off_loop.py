@@ -148,6 +148,25 @@ def test_data_uris_and_pictures_decode_in_worker_processes(
     assert not decoders & set(on_threads)
 
 
+def test_where_worker_processes_cannot_start_the_threads_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A system where processes cannot start (no semaphores, a process limit): the media
+    threads do the work, from then on, instead of failing every picture."""
+
+    class Unavailable:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise OSError(38, "Function not implemented")
+
+    monkeypatch.delenv(MEDIA_PROCESSES, raising=False)
+    monkeypatch.setattr(offload, "_processes", None)
+    monkeypatch.setattr(offload, "_processes_failed", False)
+    monkeypatch.setattr(offload, "ProcessPoolExecutor", Unavailable)
+    names = [asyncio.run(offload.off_process(threading.current_thread)).name for _ in range(2)]
+    assert all(name.startswith(offload.THREAD_PREFIX) for name in names)
+    assert offload._processes_failed
+
+
 def test_a_worker_process_that_dies_fails_its_input_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

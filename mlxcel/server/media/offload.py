@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import multiprocessing
 import os
 import sys
@@ -51,9 +52,12 @@ SWITCH_INTERVAL = 0.0005
 PROCESS_NICENESS = 10
 """How much lower the worker processes' CPU priority is than the server's (Unix nice)."""
 
+log = logging.getLogger(__name__)
+
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _processes: ProcessPoolExecutor | None = None
+_processes_failed = False  # this system cannot start them: the threads do their work
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -72,17 +76,28 @@ def _process_started() -> None:
 
 
 def _process_executor() -> ProcessPoolExecutor | None:
-    """The worker processes (spawned on first use), or None where they are turned off."""
+    """The worker processes (spawned on first use), or None where they are turned off or
+    cannot start here."""
     global _processes
-    if not process_env.media_processes():
+    if not process_env.media_processes() or _processes_failed:
         return None
     with _lock:
         if _processes is None:
             context = multiprocessing.get_context("spawn")  # never fork a threaded server
-            _processes = ProcessPoolExecutor(
-                MAX_PROCESSES, mp_context=context, initializer=_process_started
-            )
+            try:
+                _processes = ProcessPoolExecutor(
+                    MAX_PROCESSES, mp_context=context, initializer=_process_started
+                )
+            except (OSError, NotImplementedError) as exc:  # no semaphores, say
+                _cannot_start(exc)
+                return None
         return _processes
+
+
+def _cannot_start(exc: BaseException) -> None:
+    global _processes_failed, _processes
+    log.warning("media worker processes cannot start (%s); media decode on threads", exc)
+    _processes_failed, _processes = True, None
 
 
 async def off_loop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -97,17 +112,32 @@ async def off_process(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> 
 
     `fn` is a module-level function whose arguments, result and exceptions pickle. A worker
     that dies (an input that crashed a decoder, a kill) fails the jobs it had with
-    MediaError (a 400), never the server; the next call gets a new pool."""
-    global _processes
+    MediaError (a 400), never the server; the next call gets a new pool. Where worker
+    processes cannot start at all, the threads do the work from then on (with a warning)."""
     pool = _process_executor()
     if pool is None:
         return await off_loop(fn, *args, **kwargs)
-    loop = asyncio.get_running_loop()
     try:
-        return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
-    except BrokenProcessPool:
+        future = pool.submit(functools.partial(fn, *args, **kwargs))  # spawns workers
+    except BrokenProcessPool:  # it broke since: a new pool
+        _drop(pool)
+        return await off_process(fn, *args, **kwargs)
+    except (OSError, NotImplementedError) as exc:
         with _lock:
-            if _processes is pool:
-                _processes = None
+            _cannot_start(exc)
         pool.shutdown(wait=False, cancel_futures=True)
+        return await off_loop(fn, *args, **kwargs)
+    try:
+        return await asyncio.wrap_future(future)
+    except BrokenProcessPool:
+        _drop(pool)
         raise MediaError("the media worker process stopped while decoding this input") from None
+
+
+def _drop(pool: ProcessPoolExecutor) -> None:
+    """Forget a broken pool; the next call starts a new one."""
+    global _processes
+    with _lock:
+        if _processes is pool:
+            _processes = None
+    pool.shutdown(wait=False, cancel_futures=True)
