@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,26 @@ def _check_group(group: RankGroup, model: Path, mode: str, cpu_dtype: str = "aut
         assert again["tokens"] == expected[0]
         assert again["timings"]["cache_n"] > 0
         _cancel_a_stream(client, prompts[1])
+        # A request whose sampling only rank 0 shapes (a grammar, log-probabilities, a
+        # temperature): the ranks stay in step through it.
+        shaped = client.post(
+            "/completion",
+            json={
+                "prompt": PROMPTS[0],
+                "n_predict": 8,
+                "temperature": 0.9,
+                "n_probs": 2,
+                "grammar": "root ::= [a-z]+",
+            },
+        )
+        assert shaped.status_code == 200, shaped.text
+        assert re.fullmatch("[a-z]+", shaped.json()["content"]), shaped.json()["content"]
+        assert shaped.json()["completion_probabilities"]
+        chat = client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 4},
+        )
+        assert chat.status_code == 200, chat.text
         health = _wait_idle(client)
         assert health["status"] == "ok" and health["batch"]["active_sequences"] == 0
         after = _concurrently(client, [prompts[2], prompts[1]])
