@@ -11,11 +11,12 @@ wait their turn (memory stays bounded by the body caps times the workers).
 
 Threads share the server's GIL: each time the loop needs it while a worker runs Python or a
 C call that keeps it, the loop waits, and on a 2-core machine it also waits for a CPU that
-the workers' GIL-free decoding occupies (measured by bench/media_event_loop.py: the loop ran
-up to ~15 ms late while four 1280x720 PNG data URIs were decoded on threads). So the
-decoding of data URIs and pictures (`off_process`) runs in spawned worker processes with a
-lower CPU priority (`PROCESS_NICENESS`): they hold no lock the loop needs, and the loop
-thread wins a CPU over them. `MLXCEL_MEDIA_PROCESSES=0` keeps that work on the threads.
+the workers' GIL-free decoding occupies (bench/media_event_loop.py, four 1280x720 PNG data
+URIs at a time on the 2-core development VM: the loop's worst lag beyond its own CPU wait
+9.0 ms with the decoding on threads, 4.2 ms in processes). So the decoding of data URIs
+and pictures (`off_process`) runs in spawned worker processes with a lower CPU priority
+(`PROCESS_NICENESS`): they hold no lock the loop needs, and the loop thread wins a CPU over
+them. `MLXCEL_MEDIA_PROCESSES=0` keeps that work on the threads.
 
 A worker thread running Python keeps the GIL until another thread has waited the
 interpreter's switch interval for it (5 ms by default), so the thread pool shortens the
@@ -118,7 +119,8 @@ async def off_process(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> 
     if pool is None:
         return await off_loop(fn, *args, **kwargs)
     try:
-        future = pool.submit(functools.partial(fn, *args, **kwargs))  # spawns workers
+        # submit spawns the workers it lacks (fork/exec, ms each): on a thread, not the loop
+        future = await off_loop(pool.submit, functools.partial(fn, *args, **kwargs))
     except BrokenProcessPool:  # it broke since: a new pool
         _drop(pool)
         return await off_process(fn, *args, **kwargs)
