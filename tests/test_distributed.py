@@ -313,3 +313,31 @@ def test_distributed_switch_outside_a_launcher_is_one_error(tiny_llama_dir: Path
     assert lines[-1].startswith("mlxcel: error: --distributed:"), done.stderr
     assert "mlx.launch" in lines[-1] and "Traceback" not in done.stderr
     assert "listening on" not in done.stderr
+
+
+def test_one_process_bench_under_a_launcher_points_to_bench_serve(tiny_llama_dir: Path) -> None:
+    env = {**os.environ, "MLX_RANK": "0"}  # as mlx.launch sets it
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "bench", "-m", str(tiny_llama_dir), "-p", "8", "-n", "4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "mlxcel bench serve --url" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_each_rank_has_its_own_disk_tier(tmp_path: Path) -> None:
+    """Ranks may share a disk, and a shard's KV shapes depend on the group and the split."""
+    from mlxcel.config import Settings
+    from mlxcel.engine.distributed.group import Ranks
+    from mlxcel.server.distributed import rank_settings
+
+    settings = Settings(prompt_cache_dir=str(tmp_path))
+    one = rank_settings(settings, Ranks(group=None, rank=1, size=2))  # type: ignore[arg-type]
+    assert one.prompt_cache_dir == str(tmp_path / "2-ranks-tensor" / "rank-1")
+    pipeline = settings.model_copy(update={"pipeline": True})
+    zero = rank_settings(pipeline, Ranks(group=None, rank=0, size=3))  # type: ignore[arg-type]
+    assert zero.prompt_cache_dir == str(tmp_path / "3-ranks-pipeline" / "rank-0")
+    assert rank_settings(settings, None) is settings
