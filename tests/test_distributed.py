@@ -133,6 +133,8 @@ def _check_group(group: RankGroup, model: Path, mode: str, cpu_dtype: str = "aut
         again = _complete(client, prompts[0])  # its prefix is now in every rank's cache
         assert again["tokens"] == expected[0]
         assert again["timings"]["cache_n"] > 0
+        pinned = _complete(client, prompts[2], id_slot=1)  # a slot of rank 0's choosing
+        assert pinned["tokens"] == expected[2] and pinned["id_slot"] == 1
         _cancel_a_stream(client, prompts[1])
         # A request whose sampling only rank 0 shapes (a grammar, log-probabilities, a
         # temperature): the ranks stay in step through it.

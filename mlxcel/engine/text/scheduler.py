@@ -471,16 +471,20 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         self._pipeline.flush_sinks()
 
     def _agreed_prefix(
-        self, tokens: list[int], cache: list[Any] | None, n: int
+        self, tokens: list[int], cache: list[Any] | None, n: int, slot: int | None
     ) -> tuple[list[Any] | None, int]:
         """The longest cached prefix of `tokens` that every rank's prompt cache holds (each
-        rank caches its own shard of the KV), from this rank's `(cache, n)`."""
+        rank caches its own shard of the KV), from this rank's `(cache, n)` (looked up for
+        `slot`, as again here)."""
         assert self._lane is not None
         while True:
             low, high = self._lane.agree_prefix(n)
             if low == high:
                 return cache, n
-            cache, n = self.prompt_cache.lookup(tokens[: low + 1]) if low > 0 else (None, 0)
+            if low == 0:
+                cache, n = None, 0
+            else:
+                cache, n = self.prompt_cache.lookup(tokens[: low + 1], slot=slot)
 
     def _fall_asleep(self) -> None:
         """Engine thread: free the model, its caches and the prompt cache."""
@@ -577,7 +581,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         cache, job.cache_n = self.prompt_cache.lookup(job.request.prompt_tokens, slot=pinned)
         if self._lane is not None:
             tokens = list(job.request.prompt_tokens)
-            cache, job.cache_n = self._agreed_prefix(tokens, cache, job.cache_n)
+            cache, job.cache_n = self._agreed_prefix(tokens, cache, job.cache_n, pinned)
         job.start_n = job.cache_n
         return cache
 
