@@ -1,6 +1,6 @@
 """KV cache types (`-ctk/-ctv`): storage, the CPU kernel reading each type in place, greedy
 output batched = alone and speculative = plain per type, the real bytes per token, and the
-startup errors of what is not supported."""
+startup errors of what is not supported (`mlxcel serve`'s before it listens)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from mlxcel.engine.sampling.params import SamplingParams
@@ -283,6 +284,50 @@ def test_a_quantized_type_the_model_cannot_take_is_one_line_and_exit_2(
     assert len(lines) == 1 and "head size 16" in lines[0], done.stderr
 
 
+def _refused_before_listening(model: Path, kv: str, words: str) -> None:
+    """`mlxcel serve -m MODEL -ctk KV -ctv KV` exits 2 with one line naming `words`, before
+    it announces a port."""
+    done = _mlxcel("serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0",
+                   "-ctk", kv, "-ctv", kv)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], done.stderr
+    assert "listening" not in done.stderr
+
+
+def test_serve_refuses_a_head_size_off_the_group_before_listening(
+    tiny_llama_dir: Path, tiny_gguf: Path
+) -> None:
+    """The tiny llama's 16-value heads, as an MLX directory and as a GGUF file: the model is
+    built from its configuration (no weights read) and refused before the port opens."""
+    for model in (tiny_llama_dir, tiny_gguf):
+        _refused_before_listening(model, "q4_0", "head size 16")
+
+
+def test_serve_refuses_a_sliding_window_model_before_listening(tmp_path: Path) -> None:
+    """Gemma 3's sliding-window layers keep a rotating cache the quantized types lack."""
+    from fixtures.tiny_gemma3 import write_tiny_gemma3_gguf
+
+    path, _ = write_tiny_gemma3_gguf(tmp_path / "tiny-gemma3.gguf")
+    _refused_before_listening(path, "q8_0", "sliding-window")
+
+
+def test_serve_takes_a_quantized_type_the_model_can_take(tmp_path: Path) -> None:
+    """32-value heads and plain KV layers: q8_0 passes the check before listening and the
+    server answers with it."""
+    from fixtures.tiny_models import build_tiny_model
+    from server_harness import ServeProcess
+
+    model = build_tiny_model(tmp_path / "tiny-llama-32", hidden_size=128, num_heads=4)
+    args = ["-m", str(model), "-np", "1", "-c", "256", "--no-warmup", "-ctk", "q8_0", "-ctv",
+            "q8_0"]  # fmt: skip
+    with ServeProcess(args) as server:
+        body = {"prompt": "Hello", "n_predict": 3, "temperature": 0}
+        answer = httpx.post(f"{server.url}/completion", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert httpx.get(f"{server.url}/slots", timeout=30).json()[0]["kv_cache_type"] == "q8_0"
+
+
 def test_a_vision_model_takes_only_the_default_type(tmp_path: Path) -> None:
     """mlx-vlm's language models keep the model's dtype: another type is refused."""
     from fixtures.tiny_vlm import build_tiny_qwen2_vl
@@ -292,6 +337,4 @@ def test_a_vision_model_takes_only_the_default_type(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "vision model" in lines[0], done.stderr
-    done = _mlxcel("serve", "-m", str(model), "--port", "0", "-ctk", "bf16", "-ctv", "bf16")
-    assert done.returncode == 2
-    assert "vision model" in done.stderr and "Traceback" not in done.stderr
+    _refused_before_listening(model, "bf16", "vision model")

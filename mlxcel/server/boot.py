@@ -137,6 +137,31 @@ def _check_vision_kv(settings: Settings) -> None:
         raise SettingsError(str(exc)) from None
 
 
+def check_kv_cache_for_model(settings: Settings) -> None:
+    """Refuse (ModelLoadError, one line) a KV cache type the chat model cannot take, before
+    the port opens: another type than the default on a vision model, a quantized one on a
+    model with sliding-window or recurrent layers or a head size off the group size (the
+    model built from its configuration, no weights read; `load_text_model`'s check after
+    the load stays for what this one cannot build)."""
+    from mlxcel.engine.errors import ModelLoadError
+    from mlxcel.engine.loading.skeleton import model_skeleton
+    from mlxcel.engine.text.kv_types import check_model, check_vision, kv_types
+    from mlxcel.engine.vision.loader import vision_model_path
+
+    if not chat_model_wanted(settings):
+        return
+    try:
+        if vision_model_path(settings.model) is not None:
+            check_vision(settings.cache_type_k, settings.cache_type_v)
+            return
+        kv = kv_types(settings.cache_type_k, settings.cache_type_v)
+        skeleton = model_skeleton(settings.model) if kv.quantized else None
+        if skeleton is not None:
+            check_model(skeleton, kv)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
 def check_directories(settings: Settings) -> None:
     """Create `--slot-save-path` and `--prompt-cache-dir` if they are missing (SettingsError
     when one cannot be a directory)."""
@@ -176,14 +201,15 @@ def prompt_disk_tier(settings: Settings, loaded: LoadedModel, kv: KVType) -> Dis
 def check_settings(settings: Settings) -> None:
     """Refuse, reading no weights, what would make loading fail: an unreadable template
     file, an invalid memory budget or sampling option, KV cache types that differ
-    (SettingsError), a model reference that cannot be loaded (ModelLoadError, one line
-    naming the flag)."""
+    (SettingsError), a model reference that cannot be loaded or a KV cache type its model
+    cannot take (ModelLoadError, one line naming the flag)."""
     chat_template_text(settings)
     kv_cache_type(settings)
     check_directories(settings)
     check_memory_budget_setting()
     check_sampling_defaults(settings)
     check_models(settings)
+    check_kv_cache_for_model(settings)
 
 
 def speculation_config(settings: Settings, loaded: LoadedModel) -> SpeculationConfig | None:

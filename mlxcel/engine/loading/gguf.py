@@ -347,15 +347,29 @@ def _check_magic(path: Path) -> None:
             raise ValueError("not a GGUF file")
 
 
-def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]]:
+def gguf_config(path: Path) -> tuple[GGUFHeader, GGUFArchitecture, dict[str, Any]]:
+    """The file's header, its architecture and the Hugging Face config it gives (ValueError
+    for an architecture or layout mlxcel does not read); only small tensors are read."""
     header = read_gguf_header(path)
     metadata = header.metadata
-    architecture = str(metadata.get("general.architecture", ""))
-    arch = find_architecture(architecture, metadata)
+    arch = find_architecture(str(metadata.get("general.architecture", "")), metadata)
     tensors = {t.name: t for t in header.tensors}
     if "token_embd.weight" not in tensors:
         raise ValueError("no token_embd.weight tensor")
-    config = _hf_config(arch, metadata, tensors, _tensor_reader(path, tensors))
+    return header, arch, _hf_config(arch, metadata, tensors, _tensor_reader(path, tensors))
+
+
+def model_for_config(config: dict[str, Any]) -> nn.Module:
+    """mlx-lm's network for a Hugging Face config, its arrays as initialized (lazy)."""
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model: nn.Module = module.Model(module.ModelArgs.from_dict(config))
+    return model
+
+
+def _convert(path: Path, *, keep_float: bool) -> tuple[GGUFModel, dict[str, Any]]:
+    header, arch, config = gguf_config(path)
+    metadata = header.metadata
+    architecture = str(metadata.get("general.architecture", ""))
     weights, rope_factors = _convert_weights(path, header, config, arch, keep_float=keep_float)
     bits = Counter(_bits(weights, key) for key in weights if key.endswith(".scales"))
     if bits:  # for mlx-lm: the most common width; each layer's own is inferred from its shapes
@@ -603,8 +617,7 @@ def _build_model(
     weights = {
         k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
     }
-    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    model = module.Model(module.ModelArgs.from_dict(config))
+    model = model_for_config(config)
     if hasattr(model, "sanitize"):  # the class's own fix-ups (gemma3_text: tied embeddings)
         weights = model.sanitize(weights)
 
