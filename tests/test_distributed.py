@@ -260,6 +260,16 @@ def test_lost_follower_makes_rank_0_refuse_work(tiny_llama_dir: Path, how: int) 
             os.kill(group.pid_of_rank(1), signal.SIGCONT)  # so that it can be stopped
 
 
+def test_stopping_rank_0_stops_the_followers(tiny_llama_dir: Path) -> None:
+    """SIGTERM to rank 0 alone: it drains, tells the other ranks to stop, and all exit 0."""
+    with RankGroup(["-m", str(tiny_llama_dir), *SERVE], launcher=False) as group:
+        with group.client() as client:
+            assert _complete(client, _tokenize(client, PROMPTS[0]))["tokens"]
+        os.kill(group.pid_of_rank(0), signal.SIGTERM)
+        assert group.wait_exit(60) == [0, 0], group.output
+    assert "Traceback" not in group.output
+
+
 def _refused_by_every_rank(args: list[str]) -> str:
     """Start two ranks (without the launcher, which stops the other ranks when one fails
     and exits 0 itself); both must exit 2 before rank 0 listens: the first error line."""
