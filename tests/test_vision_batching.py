@@ -640,3 +640,21 @@ def test_mllama_follow_up_turn_gives_the_cold_tokens_from_the_prompt_cache(mllam
         cold.stop()
     assert _tokens(events) == expected
     assert events[-1].timings is not None and events[-1].timings.cache_n > 0
+
+
+def test_mllama_prompt_cache_serves_a_repeated_text_prompt(mllama: Any) -> None:
+    """A cross-attention model's caches go into the prompt cache and come back usable: a
+    repeated text-only prompt is served from it (a cross-attention layer's cache trims, and
+    what comes out of the batch is made one again) with the tokens it gives cold."""
+    from mlxcel.engine.text.prompt_cache import PromptCache
+
+    text = "Tell me a long story about the sea and the ships on it."
+    engine = VisionEngine(mllama, slots=1, prompt_cache=PromptCache())
+    try:
+        cold = list(engine.generate(_mllama_request(text, [], 8)))
+        warm = [list(engine.generate(_mllama_request(text, [], 8))) for _ in range(2)]
+    finally:
+        engine.stop()
+    for events in warm:
+        assert _tokens(events) == _tokens(cold)
+        assert events[-1].timings is not None and events[-1].timings.cache_n > 0

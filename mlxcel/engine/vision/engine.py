@@ -209,12 +209,13 @@ class VisionEngine(TextEngine[LoadedVisionModel]):
     def _start_cache(self, job: RunningSequence) -> list[Any] | None:
         prepared: PreparedPrompt = job.request.media.prepared
         if not prepared.has_media:
-            return super()._start_cache(job)
+            return self._adopt(super()._start_cache(job))
         if job.max_tokens == 0:
             return None
         cache, start = None, 0
         if self._caching(job):
             cache, job.cache_n = self.prompt_cache.lookup(prepared.cache_key)
+            cache = self._adopt(cache)
             start = job.cache_n
             delta = self._media_deltas.get(prepared.digest)
             covered = start >= prepared.media_end and not self.carries_states
@@ -249,6 +250,16 @@ class VisionEngine(TextEngine[LoadedVisionModel]):
         self._remember_delta(prefill.prepared.digest, prefill.delta)
         job.start_n, job.position_delta = prefill.position, prefill.delta
         return prefill.cache
+
+    def _store_prompt_cache(self, job: RunningSequence, tokens: Any, cache: Any) -> None:
+        super()._store_prompt_cache(job, tokens, self._adopt(cache))
+
+    def _adopt(self, cache: list[Any] | None) -> list[Any] | None:
+        """A cache from outside the batch, its cross-attention layers as the step needs
+        them (a cross-attention model only)."""
+        if cache is None or not self.carries_states or self._language is None:
+            return cache
+        return self._language.adopt(cache)
 
     def _remember_delta(self, digest: str, delta: int) -> None:
         """Keep the position delta that text after these media takes (the latest

@@ -77,6 +77,16 @@ class LanguageStep:
             for layer in self.language_model.layers
         ]
 
+    def adopt(self, cache: list[Any]) -> list[Any]:
+        """`cache` with a cross-attention cache in each cross-attention layer: taking a
+        sequence out of the batch, or reading it from the prompt cache's disk tier, gives
+        mlx-lm's plain arrays cache there, which has no offset and cannot be trimmed."""
+        return [
+            c if isinstance(c, _CrossAttentionCache) or not hasattr(layer, "cross_attn")
+            else _CrossAttentionCache()
+            for layer, c in zip(self.language_model.layers, cache, strict=True)
+        ]  # fmt: skip
+
     def place(self, uid: int, delta: int) -> None:
         """Row `uid`'s positions are its cache offset plus `delta` (mRoPE after media)."""
         if delta:
@@ -185,6 +195,12 @@ class _CrossAttentionCache(ArraysCache):
     def __init__(self, size: int = 1, left_padding: list[int] | None = None) -> None:
         super().__init__(size, left_padding)
         self[0] = mx.zeros((1, 1))
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        return n  # nothing in it is per token
 
 
 def _delta(rope_deltas: Any) -> int:
