@@ -299,3 +299,56 @@ def test_image_edit_inputs_decode_on_the_media_pool(monkeypatch: pytest.MonkeyPa
         answer = client.post("/v1/images/edits", json={"prompt": "x", "image": _png_uri((64, 64))})
     assert answer.status_code == 400 and "stub" in answer.json()["error"]["message"]
     threads.assert_off_loop("edit_inputs")
+
+
+_KILLED_SERVER = """
+import asyncio, os, sys, time
+from mlxcel.server.media import offload
+pid = asyncio.run(offload.off_process(os.getpid))
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_servers_worker_processes_leave(tmp_path: Path) -> None:
+    """A server killed outright (SIGKILL: no exit handlers) leaves no media worker behind:
+    each worker sees its server gone within a few seconds and exits."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ}
+    env.pop(MEDIA_PROCESSES, None)
+    server = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SERVER], stdout=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        assert server.stdout is not None
+        worker = int(server.stdout.readline())
+        assert worker != server.pid and os.path.exists(f"/proc/{worker}") or sys.platform != "linux"
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+    deadline = time.monotonic() + 4 * offload.PARENT_CHECK_S + 5
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _alive(worker)
+    if left:  # never leave it running
+        os.kill(worker, signal.SIGKILL)
+    assert not left
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie reaped by init counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True

@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -70,10 +71,24 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+PARENT_CHECK_S = 1.0
+"""How often a worker process checks that the server that started it is still there."""
+
+
 def _process_started() -> None:
-    """A worker process's first step: lower its CPU priority under the server's."""
+    """A worker process's first step: lower its CPU priority under the server's, and leave
+    once the server is gone (a killed server's workers would otherwise live on: each holds
+    its own end of the queue it waits on, so it never sees the server go)."""
     if hasattr(os, "nice"):
         os.nice(PROCESS_NICENESS)
+    server = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == server:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="mlxcel-media-parent", daemon=True).start()
 
 
 def _process_executor() -> ProcessPoolExecutor | None:
