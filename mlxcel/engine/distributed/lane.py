@@ -131,15 +131,19 @@ class DistributedLane:
 
     def agree_prefix(self, n: int) -> tuple[int, int]:
         """(the least, the most) of every rank's `n` (a cached prefix's length)."""
+        low, neg_high = self.agree_min([n, -n])
+        return low, -neg_high
+
+    def agree_min(self, values: list[int]) -> list[int]:
+        """The least of every rank's `values`, element by element."""
         import mlx.core as mx
         import numpy as np
 
         with self.collective():
-            both = mx.distributed.all_min(
-                mx.array([n, -n], dtype=mx.int64), group=self.ranks.group, stream=_stream()
+            least = mx.distributed.all_min(
+                mx.array(values, dtype=mx.int64), group=self.ranks.group, stream=_stream()
             )
-            low, neg_high = (int(v) for v in np.array(both))
-        return low, -neg_high
+            return [int(v) for v in np.array(least)]
 
     def shared_sampler(
         self, sampler: Callable[[mx.array], mx.array]

@@ -367,6 +367,8 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         with (a fresh one after a failed step), or None when the group of ranks broke."""
         for job in admitted:
             self._admit_alone(generator, job)
+        if self._lane is not None and admitted and not self._agree_admissions(generator, admitted):
+            return None
         self._prefill_alone(generator)
         try:
             if self._spec is not None and self._spec.step(self._batch_side, generator):
@@ -440,6 +442,9 @@ class TextEngine(Sleeps, Generic[LoadedT]):
                 inputs = lane.share()
             except GroupBrokenError:
                 return
+            except Exception as exc:  # bytes that are no step: the ranks are out of step
+                lane.broken(f"rank 0's step could not be read ({_first_line(exc)})")
+                return
             if inputs.stop:
                 self._cancel_everything(generator)
                 return
@@ -458,6 +463,24 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             generator = self._advance(generator, admitted)
             if generator is None:
                 return
+
+    def _agree_admissions(self, generator: Any, admitted: list[RunningSequence]) -> bool:
+        """Every rank runs the sequences every rank admitted: one whose admission failed on
+        some rank (rank 0 alone builds its grammar and thinking budget) leaves the batch on
+        all of them. False when the group broke."""
+        from mlxcel.engine.distributed.group import GroupBrokenError
+
+        assert self._lane is not None
+        mine = [int(job.uid in self._by_uid) for job in admitted]
+        try:
+            agreed = self._lane.agree_min(mine)
+        except GroupBrokenError:
+            return False
+        for job, here, everywhere in zip(admitted, mine, agreed, strict=True):
+            if here and not everywhere:
+                generator.remove([job.uid])
+                self._finish(job, "error", error="the request could not be admitted on every rank")
+        return True
 
     def _group_broken(self, reason: str) -> None:
         """The group of ranks broke (any thread): every queued and running request fails;
