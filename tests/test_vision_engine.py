@@ -100,6 +100,24 @@ def test_media_digest_is_by_content() -> None:
     assert a.digest() == b.digest() != c.digest()
 
 
+def test_media_digest_reads_every_pixel_in_strips() -> None:
+    """A picture is hashed a strip of rows at a time: the digest is that of all its pixels
+    in one piece, and a pixel changed in its last row changes it."""
+    import hashlib
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 255, (150, 70, 3), dtype=np.uint8)
+    picture = Image.fromarray(pixels)
+    whole = hashlib.sha256(b"image" + f"{picture.size}{picture.mode}".encode())
+    whole.update(picture.tobytes())
+    assert VisionInputs(images=[picture]).digest() == whole.hexdigest()
+    pixels[-1, -1, 0] ^= 1
+    changed = VisionInputs(images=[Image.fromarray(pixels)])
+    assert changed.digest() != whole.hexdigest()
+
+
 def test_unsupported_media_is_a_clear_error(engine: VisionEngine) -> None:
     import numpy as np
 

@@ -28,7 +28,7 @@ class VisionInputs:
         for image in self.images:
             h.update(b"image")
             h.update(f"{image.size}{image.mode}".encode())
-            h.update(image.tobytes())
+            _hash_pixels(h, image)
         for clip in self.audio:
             h.update(b"audio")
             h.update(memoryview(clip).tobytes())
@@ -36,12 +36,24 @@ class VisionInputs:
             h.update(b"video")
             if isinstance(video, list):
                 for frame in video:
-                    h.update(frame.tobytes())
+                    _hash_pixels(h, frame)
             else:
                 with open(video, "rb") as f:
                     for block in iter(lambda: f.read(1 << 20), b""):
                         h.update(block)
         return h.hexdigest()
+
+
+HASH_ROWS = 64
+"""Rows of a picture copied out for its digest at a time (one copy holds the GIL)."""
+
+
+def _hash_pixels(h: Any, image: Any) -> None:
+    """Feed `image`'s pixels to `h`, the bytes `image.tobytes()` gives, a strip of rows at a
+    time: one copy of a large picture held the GIL for milliseconds."""
+    width, height = image.size
+    for top in range(0, height, HASH_ROWS):
+        h.update(image.crop((0, top, width, min(top + HASH_ROWS, height))).tobytes())
 
 
 @dataclass
