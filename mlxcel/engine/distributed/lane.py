@@ -55,7 +55,6 @@ class StepInputs:
     admitted: list[tuple[GenerationRequest, int, int]] = field(default_factory=list)
     """The requests admitted, in order: each with its slot and its token budget."""
     cancelled: list[str] = field(default_factory=list)
-    reset: bool = False  # rank 0's last step failed: every running request failed with it
     stop: bool = False
 
 

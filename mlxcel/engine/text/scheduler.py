@@ -169,7 +169,6 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         self._sleep = sleep  # sleeping on idle (`--sleep-idle-seconds`); None: never
         self._lane = distributed
         self._step_sampler: Any = None  # the batch sampler as the generator calls it
-        self._reset_followers = False  # rank 0 failed a step: the followers fail theirs too
         if distributed is not None:
             distributed.on_broken = self._group_broken
 
@@ -380,10 +379,15 @@ class TextEngine(Sleeps, Generic[LoadedT]):
                     with self._lane.collective():
                         self._step(generator)
         except Exception as exc:  # keep the engine alive: fail what was running
-            if self._lane is not None and self._lane.failure is not None:
+            if self._lane is not None:
+                # A step that failed on one rank may have left the ranks' collectives out
+                # of step: a split model stops here rather than risk a wrong answer.
+                if self._lane.failure is None:
+                    log.exception("engine step failed")
+                    rank = self._lane.ranks.rank
+                    self._lane.broken(f"a step failed on rank {rank}: {_first_line(exc)}")
                 return None
             log.exception("engine step failed")
-            self._reset_followers = True
             for job in list(self._running.values()):
                 self._finish(job, "error", error=_first_line(exc))
             generator = self._new_generator()
@@ -400,9 +404,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         inputs = StepInputs(
             admitted=[(follower_copy(j.request), j.slot, j.max_tokens) for j in admitted],
             cancelled=sorted(cancelled),
-            reset=self._reset_followers,
         )
-        self._reset_followers = False
         try:
             self._lane.share(inputs)
         except GroupBrokenError:
@@ -448,10 +450,6 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             if inputs.stop:
                 self._cancel_everything(generator)
                 return
-            if inputs.reset:
-                for job in list(self._running.values()):
-                    self._finish(job, "error", error="rank 0 failed the step")
-                generator = self._new_generator()
             self._drop_cancelled(generator, set(inputs.cancelled))
             admitted = []
             with self._cond:
