@@ -352,3 +352,34 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+_STDIN_SERVER = """
+import asyncio, base64, io
+from PIL import Image
+from mlxcel.server.media.sources import decode_data_image
+out = io.BytesIO()
+Image.new("RGB", (40, 30), (9, 99, 199)).save(out, format="PNG")
+uri = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+for _ in range(2):
+    picture = asyncio.run(decode_data_image(uri, 1 << 20, 1 << 20))
+    print(picture.size, picture.getpixel((0, 0)), flush=True)
+"""
+
+
+def test_where_a_worker_cannot_start_pictures_still_decode() -> None:
+    """A program read from stdin cannot be imported by a spawned worker, so every worker
+    dies as it starts: the pool's first job (a no-op) tells, and pictures decode on the
+    threads from then on, with a warning, rather than each failing."""
+    import subprocess
+    import sys
+
+    env = {**os.environ}
+    env.pop(MEDIA_PROCESSES, None)
+    run = subprocess.run(
+        [sys.executable, "-"], input=_STDIN_SERVER, capture_output=True, text=True, env=env,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["(40, 30) (9, 99, 199)"] * 2
+    assert "media worker processes cannot start" in run.stderr

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import ParamSpec, TypeVar
 
@@ -58,7 +58,9 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_processes: ProcessPoolExecutor | None = None
+_processes: tuple[ProcessPoolExecutor, Future[int]] | None = None
+_STARTING = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{THREAD_PREFIX}-start")
+"""Runs a new pool's first job: spawning a worker (fork/exec) never runs on the loop."""
 _processes_failed = False  # this system cannot start them: the threads do their work
 
 
@@ -91,9 +93,9 @@ def _process_started() -> None:
     threading.Thread(target=watch, name="mlxcel-media-parent", daemon=True).start()
 
 
-def _process_executor() -> ProcessPoolExecutor | None:
-    """The worker processes (spawned on first use), or None where they are turned off or
-    cannot start here."""
+def _process_executor() -> tuple[ProcessPoolExecutor, Future[int]] | None:
+    """The worker processes (spawned on first use) and their first job, a no-op that tells
+    whether a worker can start here at all; None where they are turned off or cannot."""
     global _processes
     if not process_env.media_processes() or _processes_failed:
         return None
@@ -101,13 +103,19 @@ def _process_executor() -> ProcessPoolExecutor | None:
         if _processes is None:
             context = multiprocessing.get_context("spawn")  # never fork a threaded server
             try:
-                _processes = ProcessPoolExecutor(
+                pool = ProcessPoolExecutor(
                     MAX_PROCESSES, mp_context=context, initializer=_process_started
                 )
             except (OSError, NotImplementedError) as exc:  # no semaphores, say
                 _cannot_start(exc)
                 return None
+            _processes = (pool, _STARTING.submit(_first_job, pool))
         return _processes
+
+
+def _first_job(pool: ProcessPoolExecutor) -> int:
+    """A worker's pid, once one has started (BrokenProcessPool where none can)."""
+    return pool.submit(os.getpid).result()
 
 
 def _cannot_start(exc: BaseException) -> None:
@@ -130,8 +138,17 @@ async def off_process(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> 
     that dies (an input that crashed a decoder, a kill) fails the jobs it had with
     MediaError (a 400), never the server; the next call gets a new pool. Where worker
     processes cannot start at all, the threads do the work from then on (with a warning)."""
-    pool = _process_executor()
-    if pool is None:
+    started = _process_executor()
+    if started is None:
+        return await off_loop(fn, *args, **kwargs)
+    pool, first = started
+    try:  # a worker that cannot start at all (spawn cannot import the main module, say)
+        await asyncio.wrap_future(first)
+    except (BrokenProcessPool, OSError, NotImplementedError) as exc:
+        with _lock:
+            if _processes is not None and _processes[0] is pool:
+                _cannot_start(exc)
+        pool.shutdown(wait=False, cancel_futures=True)
         return await off_loop(fn, *args, **kwargs)
     try:
         # submit spawns the workers it lacks (fork/exec, ms each): on a thread, not the loop
@@ -155,6 +172,6 @@ def _drop(pool: ProcessPoolExecutor) -> None:
     """Forget a broken pool; the next call starts a new one."""
     global _processes
     with _lock:
-        if _processes is pool:
+        if _processes is not None and _processes[0] is pool:
             _processes = None
     pool.shutdown(wait=False, cancel_futures=True)
