@@ -16,7 +16,9 @@ this one run, and the server's resident memory after each switch (flat: an unloa
 leaves nothing behind). `--overhead N` then measures what routing adds to a request: N one-token
 chat requests to SmolLM2 served by `mlxcel serve -m FILE` and by the router (the model
 loaded), the two servers taking turns, 10 requests at a time; it prints each median and
-router / single.
+router / single. `--switches N` then counts what N switches leave behind: the server's
+threads (`/proc/PID/task`) and resident memory after each, alternating the two models at
+`--models-max 1` (bounded: engine threads are reused across loads, `engine/engine_threads.py`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ def resident_mib(server: Server) -> int:
     return -1
 
 
+def thread_count(server: Server) -> int:
+    """The server process's threads, native ones included (Linux /proc)."""
+    assert server.proc is not None
+    return len(list(Path(f"/proc/{server.proc.pid}/task").iterdir()))
+
+
 def timed(client: httpx.Client, path: str, model: str) -> float:
     start = time.perf_counter()
     client.post(path, json={"model": model}).raise_for_status()
@@ -81,9 +89,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-r", "--rounds", type=int, default=5)
     parser.add_argument("--overhead", type=int, default=0, metavar="N")
+    parser.add_argument("--switches", type=int, default=0, metavar="N")
     args = parser.parse_args()
     root = models_dir()
-    switch(root, args.rounds)
+    if args.rounds:
+        switch(root, args.rounds)
+    if args.switches:
+        leftovers(root, args.switches)
     if args.overhead:
         overhead(root, args.overhead)
 
@@ -158,6 +170,25 @@ def switch(root: Path, rounds: int) -> None:
         first = statistics.median(figures["first", name])
         print(f"  first / warm: {first / statistics.median(figures['warm', name]):.1f}x")
     print(f"server RSS after each switch, MiB: {' '.join(str(r) for r in rss)}")
+
+
+def leftovers(root: Path, switches: int) -> None:
+    """Threads and RSS of the router after each of `switches` model switches."""
+    names = ["gemma-3-270m", "smollm2-135m"]
+    server = router_server(root, "--models-max", "1")
+    with server, httpx.Client(base_url=server.url, timeout=600) as client:
+        one_token(client, names[1])
+        threads, rss = [thread_count(server)], [resident_mib(server)]
+        for i in range(switches):
+            one_token(client, names[i % 2])
+            threads.append(thread_count(server))
+            rss.append(resident_mib(server))
+    print(f"router, {switches} switches at --models-max 1; {load_note()}")
+    print("  (the first figure before the first switch, then one after each)")
+    print(f"  threads: {' '.join(str(t) for t in threads)}")
+    print(f"  RSS, MiB: {' '.join(str(r) for r in rss)}")
+    grown = threads[-1] - threads[0]
+    print(f"  threads last - first: {grown:+d}; RSS last / first: {rss[-1] / rss[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -314,11 +314,9 @@ def test_reload_adds_removes_and_unloads_changed_models() -> None:
     assert p.models[1].entry.weight_bytes == 999 and status(p)["b"] == "loaded"
 
 
-def test_switching_real_models_stops_their_engines(
-    tiny_llama_dir: Path, tiny_gguf: Path, tmp_path: Path
-) -> None:
-    """At --models-max 1 every switch stops and frees the evicted model's engine, and all
-    loads share one loader thread: switching leaves no engine or Python thread behind."""
+def real_pool(tiny_llama_dir: Path, tiny_gguf: Path, tmp_path: Path) -> ModelPool:
+    """The pool of a directory of two tiny real models, a (MLX) and b (GGUF), at
+    --models-max 1."""
     from mlxcel.server.router.serve import model_reader, router_pool
 
     root = tmp_path / "models"
@@ -326,7 +324,15 @@ def test_switching_real_models_stops_their_engines(
     (root / "a").symlink_to(tiny_llama_dir)
     (root / "b.gguf").symlink_to(tiny_gguf)
     settings = Settings(models_dir=str(root), models_max=1, ctx_size=256)
-    p = router_pool(settings, model_reader(settings)())
+    return router_pool(settings, model_reader(settings)())
+
+
+def test_switching_real_models_stops_their_engines(
+    tiny_llama_dir: Path, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """At --models-max 1 every switch stops and frees the evicted model's engine, and all
+    loads share one loader thread: switching leaves no engine or Python thread behind."""
+    p = real_pool(tiny_llama_dir, tiny_gguf, tmp_path)
     try:
         use(p, "a")
         before = sorted(t.name for t in threading.enumerate())
@@ -343,6 +349,47 @@ def test_switching_real_models_stops_their_engines(
         time.sleep(0.2)
         assert sorted(t.name for t in threading.enumerate()) == before
         assert before.count("mlxcel-engine") == 1
+    finally:
+        p.stop_all()
+        gc.unfreeze()
+
+
+def _native_threads() -> int:
+    """This process's threads, MLX's native ones included (Linux /proc)."""
+    return len(list(Path("/proc/self/task").iterdir()))
+
+
+def test_switching_models_leaves_no_native_threads_behind(
+    tiny_llama_dir: Path, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """MLX keeps a thread's streams (native threads) for the life of the process, so each
+    engine runs on a pooled thread that the next one reuses: over many switches, evicting
+    and explicit unloads alike, the process's thread count stays where it was."""
+    from mlxcel.engine import mlx_threads
+
+    p = real_pool(tiny_llama_dir, tiny_gguf, tmp_path)
+
+    def switch(name: str) -> None:
+        use(p, name)
+        other = p.find("a" if name == "b" else "b")
+        assert other is not None and other.service is None
+
+    try:
+        for name in ("a", "b", "a"):  # the loader, unloader and engine threads start
+            switch(name)
+        model = p.find("a")
+        assert model is not None and p.unload(model)  # stopped on the unloader thread
+        switch("b")
+        time.sleep(0.2)
+        threads, pooled = _native_threads(), mlx_threads.pooled_threads()
+        for name in ("a", "b") * 6:
+            switch(name)
+        model = p.find("b")
+        assert model is not None and p.unload(model)
+        switch("a")
+        time.sleep(0.2)
+        assert _native_threads() <= threads  # a thread per load would add 2 each: 26
+        assert mlx_threads.pooled_threads() == pooled
     finally:
         p.stop_all()
         gc.unfreeze()

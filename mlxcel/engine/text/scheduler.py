@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVa
 from mlxcel.config import process_env
 from mlxcel.engine.errors import InvalidRequestError, QueueFullError
 from mlxcel.engine.loading.model import LoadedModel, ModelInfo
+from mlxcel.engine.mlx_threads import ThreadRun, run_pooled
 from mlxcel.engine.process_memory import release_memory
 from mlxcel.engine.text.engine_state import EngineCounters, EngineSnapshot, SlotState
 from mlxcel.engine.text.memory_budget import AdmissionControl
@@ -152,7 +153,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         self._used_slots: set[int] = set()
         self._cancelled: set[str] = set()
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._thread: ThreadRun | None = None
         self._eos_stops: Any = None
         self._no_stops: Any = None
         self._pipeline = TokenPipeline(loaded.tokenizer)
@@ -175,10 +176,10 @@ class TextEngine(Sleeps, Generic[LoadedT]):
     # ---------------------------------------------------------------- public API
 
     def start(self) -> Self:
-        """Start the engine thread (idempotent)."""
+        """Start the engine thread (idempotent): a pooled one, reused by the next engine
+        once this one stops (`mlx_threads`)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
-            self._thread.start()
+            self._thread = run_pooled(self._run, "mlxcel-engine")
         return self
 
     def stop(self) -> None:
@@ -281,15 +282,11 @@ class TextEngine(Sleeps, Generic[LoadedT]):
     # ------------------------------------------------------------- engine thread
 
     def _run(self) -> None:
-        import mlx.core as mx
-
+        # On a pooled thread that lives on: its MLX streams stay for the next engine.
         try:
             self._loop()
         finally:
             self._pipeline.flush_sinks()
-            # This thread's MLX streams must go before it ends, or MLX 0.32 can abort
-            # in its teardown at exit ("terminate called without an active exception").
-            mx.clear_streams()
 
     def _loop(self) -> None:
         if self._lane is not None and not self._lane.leader:

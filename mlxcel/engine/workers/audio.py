@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mlxcel.engine.errors import EngineError, ModelLoadError, QueueFullError
+from mlxcel.engine.mlx_threads import ThreadRun, run_pooled
 from mlxcel.engine.workers import live_workers
 from mlxcel.engine.workers.errors import (
     WorkerCrashedError,
@@ -120,7 +121,7 @@ class AudioWorker:
         self.models = AudioModels()
         self._loader = loader or self._load
         self._queue: JobQueue[_AudioTask] = JobQueue(queue_depth)
-        self._thread: threading.Thread | None = None
+        self._thread: ThreadRun | None = None
         self._stopping = threading.Event()
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
@@ -149,8 +150,7 @@ class AudioWorker:
             self._stopping.clear()
             self._loaded.clear()
             self._load_error = None
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self._thread.start()
+            self._thread = run_pooled(self._run, self.name)
             live_workers.track(self)
         if wait:
             self.wait_ready()
@@ -282,24 +282,20 @@ class AudioWorker:
         return models
 
     def _run(self) -> None:
-        import mlx.core as mx
-
+        # On a pooled thread (`mlx_threads`), whose MLX streams stay for the next worker.
         try:
-            try:
-                self.models = self._loader()
-            except BaseException as exc:  # reported by wait_ready
-                self._load_error = exc
-                log.error("%s: cannot load the audio models: %s", self.name, exc)
-                return
-            finally:
-                self._loaded.set()
-            while not self._stopping.is_set():
-                job = self._queue.get()
-                if job is None:
-                    break
-                self._serve(job)
+            self.models = self._loader()
+        except BaseException as exc:  # reported by wait_ready
+            self._load_error = exc
+            log.error("%s: cannot load the audio models: %s", self.name, exc)
+            return
         finally:
-            mx.clear_streams()  # MLX streams are per thread; free them before it ends
+            self._loaded.set()
+        while not self._stopping.is_set():
+            job = self._queue.get()
+            if job is None:
+                break
+            self._serve(job)
 
     def _serve(self, job: _AudioTask) -> None:
         if not job.future.set_running_or_notify_cancel():

@@ -20,6 +20,7 @@ from typing import Any
 
 from mlxcel.engine.embeddings.embedder import plan_batches
 from mlxcel.engine.errors import QueueFullError
+from mlxcel.engine.mlx_threads import ThreadRun, run_pooled
 from mlxcel.engine.workers import live_workers
 from mlxcel.engine.workers.errors import (
     WorkerCrashedError,
@@ -84,7 +85,7 @@ class BatchWorker:
         self.queue_depth = queue_depth
         self.stats = WorkerStats()
         self._queue: JobQueue[BatchItem] = JobQueue(queue_depth)
-        self._thread: threading.Thread | None = None
+        self._thread: ThreadRun | None = None
         self._stopping = threading.Event()
 
     @property
@@ -100,8 +101,7 @@ class BatchWorker:
         """Start the thread (idempotent); it is stopped at interpreter exit at the latest."""
         if not self.running:
             self._stopping.clear()
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self._thread.start()
+            self._thread = run_pooled(self._run, self.name)
             live_workers.track(self)
         return self
 
@@ -128,25 +128,20 @@ class BatchWorker:
     # --- the thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        import mlx.core as mx
-
-        # MLX streams are per thread: this thread evaluates on its own default stream, and
-        # must free its streams before it ends, or the process may abort at exit.
-        try:
-            while not self._stopping.is_set():
-                first = self._queue.get()
-                if first is None:
-                    break
-                jobs = self._gather(first)
-                started = time.perf_counter()
-                try:
-                    self._serve(jobs)
-                except BaseException as exc:  # the worker died mid-batch: restart it
-                    self._crashed(jobs, exc)
-                finally:
-                    self.stats.busy_seconds += time.perf_counter() - started
-        finally:
-            mx.clear_streams()
+        # On a pooled thread (`mlx_threads`): it evaluates on that thread's MLX streams,
+        # which stay for the next worker or engine.
+        while not self._stopping.is_set():
+            first = self._queue.get()
+            if first is None:
+                break
+            jobs = self._gather(first)
+            started = time.perf_counter()
+            try:
+                self._serve(jobs)
+            except BaseException as exc:  # the worker died mid-batch: restart it
+                self._crashed(jobs, exc)
+            finally:
+                self.stats.busy_seconds += time.perf_counter() - started
 
     def _crashed(self, jobs: list[BatchItem], exc: BaseException) -> None:
         """Fail the batch's unfinished jobs cleanly and keep serving (a restart in place)."""
