@@ -12,8 +12,9 @@ wait their turn (memory stays bounded by the body caps times the workers).
 Threads share the server's GIL: each time the loop needs it while a worker runs Python or a
 C call that keeps it, the loop waits, and on a 2-core machine it also waits for a CPU that
 the workers' GIL-free decoding occupies (bench/media_event_loop.py, four 1280x720 PNG data
-URIs at a time on the 2-core development VM: the loop's worst lag beyond its own CPU wait
-9.0 ms with the decoding on threads, 4.2 ms in processes). So the decoding of data URIs
+URIs at a time on the loaded 2-core development VM, five runs: the loop's worst lag beyond
+its own CPU wait 8.2-11.0 ms with the decoding on threads, 4.2-8.5 ms in processes; most
+of the worst lag is waiting for a CPU, docs/vision.md). So the decoding of data URIs
 and pictures (`off_process`) runs in spawned worker processes with a lower CPU priority
 (`PROCESS_NICENESS`): they hold no lock the loop needs, and the loop thread wins a CPU over
 them. `MLXCEL_MEDIA_PROCESSES=0` keeps that work on the threads.
