@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -171,6 +172,7 @@ def main() -> None:
                 f"round {r + 1}, {n_seq} sequence(s): one process {one[n_seq]:.2f} ms/step, "
                 f"two ranks {two[n_seq]:.2f} ms/step, ratio {ratio:.2f}"
             )
+    shutil.rmtree(hostfile.parent, ignore_errors=True)
     for n_seq, values in ratios.items():
         print(
             f"median two ranks / one process at {n_seq} sequence(s): {median(values):.2f}x "
