@@ -31,6 +31,7 @@ BATCHED_SAMPLING = "MLXCEL_BATCHED_SAMPLING"
 WHISPER_FORWARD = "MLXCEL_WHISPER_FORWARD"
 """`numpy`, `mlx` or `auto`: what runs Whisper's encoder and decoder."""
 WHISPER_AUDIO_CTX = "MLXCEL_WHISPER_AUDIO_CTX"
+KOKORO_CONV = "MLXCEL_KOKORO_CONV"
 """`auto` or `full`: how much of the 30-second window Whisper's numpy encoder encodes."""
 ALLOW_PRIVATE_MEDIA_URLS = "MLXCEL_ALLOW_PRIVATE_MEDIA_URLS"
 """Exactly `1`: media URLs may resolve to non-public addresses."""
@@ -116,6 +117,11 @@ def whisper_forward() -> str | None:
 def whisper_audio_ctx() -> str | None:
     """`MLXCEL_WHISPER_AUDIO_CTX` as given (None when unset or empty)."""
     return _text(WHISPER_AUDIO_CTX)
+
+
+def kokoro_conv() -> str | None:
+    """`MLXCEL_KOKORO_CONV` as given (None when unset or empty)."""
+    return _text(KOKORO_CONV)
 
 
 def allow_private_media_urls(environ: Mapping[str, str] | None = None) -> bool:

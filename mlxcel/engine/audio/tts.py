@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlxcel.config import process_env
 from mlxcel.engine.audio.arrays import evaluate_all
 from mlxcel.engine.audio.phonemize import explicit_phonemes, phonemize
 from mlxcel.engine.errors import EngineError, InvalidRequestError, ModelLoadError
@@ -225,13 +226,17 @@ def _build(path: Path, config: dict[str, Any]) -> Any:
     weights = model.sanitize(weights)
     apply_quantization(model, config, weights, getattr(model, "model_quant_predicate", None))
     model.load_weights(list(weights.items()), strict=True)
-    if mx.default_device() == mx.cpu:  # MLX's half-precision kernels are slow on the CPU
+    if mx.default_device() == mx.cpu:  # MLX's half-precision kernels and convolutions are slow
 
         def widen(value: Any) -> Any:
             half = isinstance(value, mx.array) and value.dtype in (mx.float16, mx.bfloat16)
             return value.astype(mx.float32) if half else value
 
         model.update(tree_map(widen, model.parameters()))
+        from mlxcel.engine.audio.cpu_conv import use_matmul_convs
+
+        if (process_env.kokoro_conv() or "matmul").strip().lower() != "mlx":
+            use_matmul_convs(model)  # MLX's CPU convolutions are slow loops
     model.eval()
     evaluate_all(model)
     return model
