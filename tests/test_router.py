@@ -14,9 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fixtures.haproxy import free_port
 from server_harness import ServeProcess
 
 CHAT = [{"role": "user", "content": "Hello"}]
+MODELS = ("chat-a", "chat-b", "embed")
 
 
 @pytest.fixture(scope="module")
@@ -380,6 +382,56 @@ def test_a_load_that_does_not_fit_the_memory_budget_is_a_503(models_dir: Path) -
             assert error["budget_bytes"] == 64 * 1024
             assert error["estimated_bytes"] == (models_dir / "chat-b.gguf").stat().st_size
             assert statuses(client)["chat-b"] == "unloaded"
+    finally:
+        server.stop()
+
+
+def test_the_metrics_port_labels_each_model_and_counts_the_router(models_dir: Path) -> None:
+    """`--metrics-port` serves every loaded model's families labelled model="NAME" plus the
+    router's own; the main port's `/metrics` stays llama-server's (`?model=`, unlabelled)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_port()
+    server = serve(models_dir, "--metrics-port", str(port), "--models-max", "2")
+
+    def scrape() -> dict[tuple[str, str | None], float]:
+        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+        assert response.status_code == 200, response.text
+        return {
+            (sample.name, sample.labels.get("model")): sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+        }
+
+    try:
+        with server.client() as client:
+            assert chat(client, "chat-a").status_code == 200
+            for _ in range(2):
+                assert chat(client, "chat-b").status_code == 200
+            # at --models-max 2 this evicts chat-a, the least recently used
+            emb = client.post("/v1/embeddings", json={"model": "embed", "input": "x"})
+            assert emb.status_code == 200, emb.text
+            samples = scrape()
+            assert samples["mlxcel_requests_total", "chat-b"] == 2
+            assert samples["llamacpp:tokens_predicted_total", "chat-b"] > 0
+            assert ("mlxcel_requests_total", "chat-a") not in samples  # unloaded: no series
+            assert ("mlxcel_slots_total", "embed") in samples
+            loaded = {name: samples["mlxcel_router_model_loaded", name] for name in MODELS}
+            assert loaded == {"chat-a": 0, "chat-b": 1, "embed": 1}
+            assert samples["mlxcel_router_models", None] == 3
+            assert samples["mlxcel_router_models_loaded", None] == 2
+            assert samples["mlxcel_router_loads_total", None] == 3
+            assert samples["mlxcel_router_evictions_total", None] == 1
+            assert samples["mlxcel_router_unloads_total", None] == 0
+            one = client.get("/metrics", params={"model": "chat-b"})
+            assert one.status_code == 200 and "\nmlxcel_requests_total 2\n" in one.text
+            assert client.get("/metrics").status_code == 400  # as llama-server's router
+            unload = client.post("/models/unload", json={"model": "chat-b"})
+            assert unload.status_code == 200
+            samples = scrape()
+            assert samples["mlxcel_router_unloads_total", None] == 1
+            assert samples["mlxcel_router_model_loaded", "chat-b"] == 0
+            assert ("mlxcel_requests_total", "chat-b") not in samples
     finally:
         server.stop()
 

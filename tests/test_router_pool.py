@@ -393,3 +393,34 @@ def test_switching_models_leaves_no_native_threads_behind(
     finally:
         p.stop_all()
         gc.unfreeze()
+
+
+def test_router_metrics_label_each_loaded_model_and_count_the_pool() -> None:
+    """The `--metrics-port` body parses as Prometheus text; a model's name is a label value
+    whatever bytes it holds, and the pool's loads, failures and evictions are counted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from mlxcel.server.router.metrics import router_metrics_text
+
+    odd = 'we"ird\\name\nx'
+    p, loads = pool(entry(odd), entry("b"), entry("broken"), models_max=1)
+    loads.fail.add("broken")
+    use(p, odd)
+    use(p, "b")  # evicts the other
+    with pytest.raises(LoadFailed):
+        use(p, "broken")  # evicts b, then fails
+    use(p, odd)
+    samples = {
+        (sample.name, sample.labels.get("model")): sample.value
+        for family in text_string_to_metric_families(router_metrics_text(p))
+        for sample in family.samples
+    }
+    assert samples["mlxcel_router_model_loaded", odd] == 1
+    assert samples["mlxcel_router_model_loaded", "b"] == 0
+    assert samples["mlxcel_requests_total", odd] == 0  # the model's own families, labelled
+    assert ("mlxcel_requests_total", "b") not in samples
+    assert samples["mlxcel_router_loads_total", None] == 3
+    assert samples["mlxcel_router_load_failures_total", None] == 1
+    assert samples["mlxcel_router_evictions_total", None] == 2
+    assert samples["mlxcel_router_models_loaded", None] == 1
+    assert samples["mlxcel_router_models", None] == 3

@@ -57,6 +57,28 @@ def render(families: list[Family]) -> str:
     return "\n".join(blocks)
 
 
+def _label_value(text: str) -> str:
+    """`text` as a quoted label value may hold it (backslash, quote and newline escaped)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_labelled(label: str, groups: dict[str, list[Family]]) -> str:
+    """The exposition of `groups` as one labelled series each: every family once (in the
+    first group's order), with one sample per group, `name{label="key"} value`."""
+    order: dict[str, Family] = {}
+    samples: dict[str, list[str]] = {}
+    for key, families in groups.items():
+        for f in families:
+            order.setdefault(f.name, f)
+            line = f'{f.name}{{{label}="{_label_value(key)}"}} {_format(f.value)}'
+            samples.setdefault(f.name, []).append(line)
+    blocks = [
+        f"# HELP {name} {f.help}\n# TYPE {name} {f.type}\n" + "\n".join(samples[name]) + "\n"
+        for name, f in order.items()
+    ]
+    return "\n".join(blocks)
+
+
 def _ratio(amount: float, per: float) -> float:
     """`amount / per`, 0 when `per` is 0 (a gauge never reads NaN)."""
     return amount / per if per > 0 else 0.0

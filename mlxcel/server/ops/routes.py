@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -305,10 +306,10 @@ async def slot_action(
 # --------------------------------------------------------------------------- /metrics
 
 
-def _metrics_response(state: ServerState) -> PlainTextResponse:
+def _metrics_response(state: ServerState, text: str | None = None) -> PlainTextResponse:
     # llama-server's header; here the server's start as Unix seconds, as its name says
     headers = {"Content-Type": CONTENT_TYPE, "Process-Start-Time-Unix": str(int(state.started))}
-    return PlainTextResponse(metrics_text(state), headers=headers)
+    return PlainTextResponse(metrics_text(state) if text is None else text, headers=headers)
 
 
 @router.get("/metrics")
@@ -321,8 +322,9 @@ async def metrics(state: ServerState = Depends(get_state)) -> PlainTextResponse:
     return _metrics_response(state)
 
 
-def metrics_app(state: ServerState) -> FastAPI:
-    """The app served on `--metrics-port`: only GET /metrics (API keys still apply)."""
+def metrics_app(state: ServerState, text: Callable[[], str] | None = None) -> FastAPI:
+    """The app served on `--metrics-port`: only GET /metrics (API keys still apply), whose
+    body is `text()` (by default this server's metrics; a router's covers its models)."""
     from mlxcel.server.middleware import ApiKeys, RequestGuard
 
     app = FastAPI(title="mlxcel-metrics", docs_url=None, redoc_url=None, openapi_url=None)
@@ -331,7 +333,7 @@ def metrics_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def _metrics() -> PlainTextResponse:
-        return _metrics_response(state)
+        return _metrics_response(state, None if text is None else text())
 
     app.add_middleware(
         RequestGuard,

@@ -84,6 +84,16 @@ class RoutedModel:
         )
 
 
+@dataclass
+class PoolCounters:
+    """What the pool has done since the server started (the router's own metrics)."""
+
+    loads: int = 0  # loads that worked
+    load_failures: int = 0  # loads that failed, or were refused for want of room
+    evictions: int = 0  # models unloaded to make room for another
+    unloads: int = 0  # models unloaded on request (`POST /models/unload`, a reload)
+
+
 Loader = Callable[[ServerState], None]
 Stopper = Callable[[ServerState], None]
 
@@ -114,7 +124,8 @@ class ModelPool:
         self._memory_budget = memory_budget
         self._release = release
         self._by_name = {name: m for m in self.models for name in m.entry.names()}
-        self._lock = threading.Lock()  # guards every model's service/loading
+        self._lock = threading.Lock()  # guards every model's service/loading, the counters
+        self.counters = PoolCounters()
         # One loader thread for all loads (one at a time), and a few threads that stop
         # unloaded models: threads that live on, as a thread that first uses MLX keeps
         # MLX's per-thread state (its streams) for the life of the process.
@@ -189,12 +200,14 @@ class ModelPool:
             with self._lock:
                 model.loading = None
                 model.failure = str(exc)
+                self.counters.load_failures += 1
             future.set_exception(exc)
             return
         with self._lock:
             model.service = service
             model.loading = None
             model.last_used = time.monotonic()
+            self.counters.loads += 1
         future.set_result(service)
 
     def _build(self, model: RoutedModel) -> Service:
@@ -250,6 +263,7 @@ class ModelPool:
                 return False
             victim = min(idle, key=lambda m: m.last_used)
             service, victim.service = victim.service, None
+            self.counters.evictions += 1
         assert service is not None
         print(
             f"mlxcel: router: unloading {victim.entry.name} (least recently used) "
@@ -293,6 +307,8 @@ class ModelPool:
         its requests finished or its `stop-timeout` passed."""
         with self._lock:
             service, model.service = model.service, None
+            if service is not None:
+                self.counters.unloads += 1
         if service is None:
             return False
         box = [service]  # the thread pops it: nothing keeps the model once it stopped

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Callable, Collection
+from functools import partial
 
 from starlette.types import ASGIApp
 
@@ -21,8 +22,10 @@ from mlxcel.server.app import cors_options, guard_options, normalize_prefix
 from mlxcel.server.boot import announce, check_settings, load_into, stop_services
 from mlxcel.server.io_timeout import IoTimeout
 from mlxcel.server.middleware import Cors, RequestGuard
+from mlxcel.server.ops.routes import metrics_app
 from mlxcel.server.router.catalog import Catalog, ModelEntry, build_catalog
 from mlxcel.server.router.dispatch import RouterDispatch
+from mlxcel.server.router.metrics import router_metrics_text
 from mlxcel.server.router.pool import ModelPool
 from mlxcel.server.router.routes import control_app
 from mlxcel.server.runner import Serving
@@ -101,9 +104,8 @@ def router_pool(settings: Settings, entries: list[ModelEntry]) -> ModelPool:
 
 
 def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serving:
-    """Everything a router server runs (SettingsError when it cannot start)."""
-    if settings.metrics_port is not None and settings.metrics_port != settings.port:
-        raise SettingsError("--metrics-port: not in router mode; use GET /metrics?model=NAME")
+    """Everything a router server runs (SettingsError when it cannot start); with
+    `--metrics-port`, that port serves every loaded model's metrics, labelled by model."""
     read_models = model_reader(settings, cli_fields)
     pool = router_pool(settings, read_models())
     state = ServerState(settings=settings, text_engine=False)
@@ -115,6 +117,7 @@ def router_serving(settings: Settings, cli_fields: Collection[str] = ()) -> Serv
         announce=lambda: _announce(pool),
         busy=pool.busy,
         stop=pool.stop_all,
+        metrics=metrics_app(state, partial(router_metrics_text, pool)),
     )
 
 
