@@ -357,3 +357,29 @@ def test_a_jobs_own_timeout_error_is_not_a_504() -> None:
     failed.set_exception(TimeoutError("a socket timed out"))
     with pytest.raises(TimeoutError, match="socket"):
         asyncio.run(await_engine(lambda: failed, 5.0))
+
+
+def test_an_unexpected_error_hides_its_traceback_from_the_client_and_logs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fastapi import FastAPI
+
+    from mlxcel.server.errors import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise ValueError("secret /home/user/path")
+
+    with (
+        caplog.at_level("ERROR", logger="mlxcel.server.errors"),
+        TestClient(app, raise_server_exceptions=False) as client,
+    ):
+        response = client.get("/boom")
+    error = _error(response, 500)
+    assert error["message"] == "internal error (ValueError)"
+    assert "secret" not in response.text
+    [record] = [r for r in caplog.records if r.name == "mlxcel.server.errors"]
+    assert record.exc_info is not None and "GET /boom failed" in record.getMessage()

@@ -213,3 +213,41 @@ def test_native_completion_takes_json_object_and_json_schema(http: httpx.Client)
     assert isinstance(json.loads(out.json()["content"]), dict), out.text
     both = {**base, "response_format": JSON_OBJECT, "json_schema": SCHEMA}
     assert http.post("/completion", json=both).status_code == 400
+
+
+def test_logprobs_under_a_grammar_are_json_numbers(http: httpx.Client) -> None:
+    # Tokens the grammar rules out have no log-probability: they are left out of
+    # top_logprobs (was a 500: -inf is no JSON number), streamed and not.
+    for stream in (False, True):
+        body = {
+            "messages": MESSAGES,
+            "response_format": JSON_OBJECT,
+            "logprobs": True,
+            "top_logprobs": 5,
+            "max_tokens": 24,
+            "seed": 3,
+            "stream": stream,
+        }
+        out = http.post("/v1/chat/completions", json=body)
+        assert out.status_code == 200, out.text
+        if stream:
+            chunks = [
+                json.loads(line[6:])
+                for line in out.text.splitlines()
+                if line.startswith("data: {")  # json.loads would take -Infinity
+            ]
+            contents = [
+                item
+                for chunk in chunks
+                for choice in chunk["choices"]
+                if choice.get("logprobs")
+                for item in choice["logprobs"]["content"]
+            ]
+        else:
+            contents = out.json()["choices"][0]["logprobs"]["content"]
+        assert contents
+        assert any(len(item["top_logprobs"]) < 5 for item in contents)  # forced steps
+        for item in contents:
+            assert -9999.0 <= item["logprob"] <= 0.0
+            assert all(-1e9 < alt["logprob"] <= 0.0 for alt in item["top_logprobs"])
+            assert "Infinity" not in json.dumps(item)

@@ -7,6 +7,7 @@ under `--api-prefix`) answer in Anthropic's shape instead, with the same status 
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,8 @@ from starlette.responses import JSONResponse
 from starlette.types import Scope
 
 from mlxcel.server.sse import sse_data
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = "1"
 
@@ -285,8 +288,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # Never leak paths or tracebacks: the type name is enough for a bug report. The
-        # server closes the connection after an unexpected error: say so to the client.
+        # Never leak paths or tracebacks to the client: the type name is enough for a bug
+        # report; the operator's log gets the traceback. The server closes the connection
+        # after an unexpected error: say so to the client.
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return error_response(
             APIError(
                 500,

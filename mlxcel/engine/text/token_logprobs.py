@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from mlxcel.engine.text.request import TokenLogprob
 
 if TYPE_CHECKING:
     from mlxcel.engine.text.running_sequence import RunningSequence
+
+
+IMPOSSIBLE_LOGPROB = -9999.0
+"""The log-probability reported for a token the distribution gives none (OpenAI's value)."""
 
 
 def token_logprobs(job: RunningSequence, row: Any, token: int) -> tuple[TokenLogprob, ...]:
@@ -37,5 +42,10 @@ def _pre_sampling(row: Any, token: int, top_n: int) -> TokenLogprob:
         idx = mx.argpartition(-row, kth=k - 1)[:k]
         ids: list[int] = idx.tolist()  # type: ignore[assignment]
         vals: list[float] = row[idx].tolist()  # type: ignore[assignment]
-        top = tuple(sorted(zip(ids, vals, strict=True), key=lambda p: -p[1]))
-    return TokenLogprob(token, float(row[token].item()), top)
+        # A token the grammar or a -inf logit bias rules out is no alternative (and -inf
+        # is no JSON number): fewer than `top_n` come back when fewer are possible.
+        possible = [(i, v) for i, v in zip(ids, vals, strict=True) if math.isfinite(v)]
+        top = tuple(sorted(possible, key=lambda p: -p[1]))
+    logprob = float(row[token].item())
+    # A forced token (the thinking budget's end) may be one the row ruled out: OpenAI's floor.
+    return TokenLogprob(token, logprob if math.isfinite(logprob) else IMPOSSIBLE_LOGPROB, top)
