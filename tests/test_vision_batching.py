@@ -365,6 +365,48 @@ def _first_media(vlm: Any, request: GenerationRequest) -> int:
     return next(i for i, (token, key) in enumerate(pairs) if token != key)
 
 
+def test_the_disk_tier_serves_a_vision_model_after_a_restart(vlm: Any, tmp_path: Path) -> None:
+    """What one engine's prompt cache wrote to its disk tier serves another after a
+    restart (mlx-vlm's KV caches are written under mlx-lm's names and read back as
+    mlx-vlm's): a picture request batched with a fresh one, then a text-only request, each
+    with its cold tokens, nothing discarded as unreadable."""
+    from mlxcel.engine.text.prompt_cache import PromptCache
+    from mlxcel.engine.text.prompt_disk import DiskTier
+
+    def disk() -> DiskTier:
+        return DiskTier(tmp_path, 1 << 30, "tiny-vlm", None)
+
+    picture = _image((30, 160, 90))
+    text = "Describe the picture in a few careful words, please."
+    other = "A different question entirely, not asked before."
+
+    def cached() -> list[GenerationRequest]:
+        return [_request(vlm, text, [picture], 6), _request(vlm, text, [], 6)]
+
+    first = VisionEngine(vlm, slots=2, prompt_cache=PromptCache(disk=disk()))
+    try:
+        cold = [_tokens(list(first.generate(r))) for r in cached()]
+        assert first.prompt_cache is not None and first.prompt_cache.persist() > 0
+    finally:
+        first.stop()
+    alone = VisionEngine(vlm, slots=1)
+    try:
+        fresh = _tokens(list(alone.generate(_request(vlm, other, [], 6))))
+    finally:
+        alone.stop()
+    tier = disk()
+    restarted = VisionEngine(vlm, slots=2, prompt_cache=PromptCache(disk=tier))
+    try:  # a row read from disk and a fresh one in one batch, then text only from disk
+        together = _together(restarted, [cached()[0], _request(vlm, other, [], 6)])
+        text_only = list(restarted.generate(cached()[1]))
+    finally:
+        restarted.stop()
+    assert together == [cold[0], fresh]
+    assert _tokens(text_only) == cold[1]
+    assert text_only[-1].timings is not None and text_only[-1].timings.cache_n > 0
+    assert tier.removed_invalid == 0 and tier.hits >= 2
+
+
 def test_media_are_prepared_off_the_submitting_thread(vlm: Any) -> None:
     engine = VisionEngine(vlm, slots=2)
     threads: list[str] = []

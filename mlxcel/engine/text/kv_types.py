@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.cache import (
+    ArraysCache,
     BatchKVCache,
     BatchRotatingKVCache,
     KVCache,
@@ -421,11 +422,14 @@ def typed_cache(cache: list[Any], kv: KVType | None) -> list[Any]:
 
 def plain_cache(cache: list[Any]) -> list[Any]:
     """`cache` as mlx-lm's own classes, the same arrays (what `load_prompt_cache` can name
-    when it reads a file `save_prompt_cache` wrote); `typed_cache` turns it back."""
+    when it reads a file `save_prompt_cache` wrote); `typed_cache` turns it back. Another
+    library's copy of one of them (mlx-vlm's KV caches: the same fields, under the same
+    name, which `load_prompt_cache` would read as mlx-lm's) is written as mlx-lm's too."""
     out: list[Any] = []
     for layer in cache:
-        for base in (KVCache, QuantizedKVCache, RotatingKVCache):
-            if isinstance(layer, base) and type(layer) is not base:
+        for base in (KVCache, QuantizedKVCache, RotatingKVCache, ArraysCache):
+            kind = isinstance(layer, base) or type(layer).__name__ == base.__name__
+            if kind and type(layer) is not base:
                 plain = base.__new__(base)
                 plain.__dict__.update(layer.__dict__)
                 layer = plain
