@@ -14,7 +14,10 @@ timestamps the events as they arrive:
   server splits it);
 - TTS first sentence: → the first `response.output_audio.delta`.
 
-    .venv/bin/python bench/realtime_latency.py [-m MODEL] [--tts-model DIR] [-r ROUNDS]
+    .venv/bin/python bench/realtime_latency.py [-m MODEL] [--tts-model DIR] [-r ROUNDS] [--baseline]
+
+`--baseline` runs the same rounds first against a server on MLX's own CPU convolutions for
+Kokoro (`MLXCEL_KOKORO_CONV=mlx`, as before they became matrix products) and prints both.
 """
 
 from __future__ import annotations
@@ -112,6 +115,11 @@ def main() -> int:
     parser.add_argument("--tts-model", default=None, help="Kokoro dir (default: tiny fixture)")
     parser.add_argument("-r", "--rounds", type=int, default=3)
     parser.add_argument("--silence-ms", type=int, default=500)
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first a server with MLX's own CPU convolutions for Kokoro (MLXCEL_KOKORO_CONV=mlx)",
+    )
     args = parser.parse_args()
     from mlxcel.engine.loading.default_model import default_model_path
 
@@ -123,18 +131,30 @@ def main() -> int:
         tts = str(tiny_kokoro_dir())
     speech = _question_pcm()
     extra = ["--audio-model", "default", "--tts-model", tts, "--temp", "0", "-n", "64"]
-    rounds: list[dict[str, float]] = []
-    with mlxcel_server(model, *extra).start() as server:
-        url = server.url.replace("http://", "ws://") + "/v1/realtime"
-        asyncio.run(_round(url, speech, args.silence_ms))  # warm-up (first TTS, first prompt)
-        for _ in range(args.rounds):
-            rounds.append(asyncio.run(_round(url, speech, args.silence_ms)))
+    runs = {"": {}} if not args.baseline else {"MLX's convolutions": {"MLXCEL_KOKORO_CONV": "mlx"}}
+    if args.baseline:
+        runs["matrix-product convolutions"] = {}
     print(f"end of speech -> first audio delta, {args.rounds} rounds ({load_note()})")
-    total = median(r["total"] for r in rounds)
-    for stage in (*STAGES, "total"):
-        values = [r[stage] * 1000 for r in rounds]
-        share = median(r[stage] for r in rounds) / total if stage != "total" else 1.0
-        print(f"  {stage:20s} median {median(values):7.0f} ms  ({spread(values)})  {share:5.0%}")
+    totals: dict[str, float] = {}
+    for label, env in runs.items():
+        rounds: list[dict[str, float]] = []
+        with mlxcel_server(model, *extra, env=env).start() as server:
+            url = server.url.replace("http://", "ws://") + "/v1/realtime"
+            asyncio.run(_round(url, speech, args.silence_ms))  # warm-up (first prompt)
+            for _ in range(args.rounds):
+                rounds.append(asyncio.run(_round(url, speech, args.silence_ms)))
+        if label:
+            print(f" {label} (Kokoro on the CPU):")
+        total = totals[label] = median(r["total"] for r in rounds)
+        for stage in (*STAGES, "total"):
+            values = [r[stage] * 1000 for r in rounds]
+            share = median(r[stage] for r in rounds) / total if stage != "total" else 1.0
+            print(
+                f"  {stage:20s} median {median(values):7.0f} ms  ({spread(values)})  {share:5.0%}"
+            )
+    if args.baseline:
+        before, after = totals.values()
+        print(f" end of speech -> first audio: {before / after:.2f}x faster than with MLX's")
     return 0
 
 

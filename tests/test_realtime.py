@@ -156,6 +156,8 @@ def test_sdk_manual_turn_is_transcribed_and_answered_in_streamed_speech(
         e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
     )
     assert normalized_words(completed["transcript"]) == normalized_words(SENTENCE)
+    deltas = [e for e in events if e["type"].endswith("input_audio_transcription.delta")]
+    assert "".join(e["delta"] for e in deltas) == completed["transcript"]  # one per segment
     committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
     assert completed["item_id"] == committed["item_id"]
     done = events[-1]["response"]

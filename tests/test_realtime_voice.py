@@ -85,6 +85,20 @@ def test_sentences_come_out_as_soon_as_they_end() -> None:
     assert chunker.finish() == []
 
 
+def test_a_long_first_sentence_is_spoken_from_its_first_clause() -> None:
+    chunker = SentenceChunker()
+    out = [
+        chunker.feed(piece)
+        for piece in ["Paris, of course", ", is the capital of France, ", "and its largest city. "]
+    ]
+    # "Paris," is too short to say alone; the next clause ends the first piece; later commas
+    # wait for the sentence's end.
+    assert out == [[], ["Paris, of course, is the capital of France,"], ["and its largest city."]]
+    again = SentenceChunker()
+    assert again.feed("Yes, it is. The capital of France, as you asked, ") == ["Yes, it is."]
+    assert again.finish() == ["The capital of France, as you asked,"]
+
+
 def test_long_text_breaks_at_a_colon_and_lines_break_always() -> None:
     chunker = SentenceChunker(soft_chars=40)
     assert chunker.feed("Here is a fairly long list of things to say: apples, pears ") == [

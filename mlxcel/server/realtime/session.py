@@ -53,6 +53,8 @@ MIN_COMMIT_MS = 100
 """A manual commit needs at least this much audio (OpenAI's rule)."""
 TAIL_MS = 200
 """Audio kept after the detected end of speech (the word's fading end)."""
+ROOT = "root"
+"""`previous_item_id` that puts a created item first."""
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -69,10 +71,14 @@ class RealtimeSession:
         *,
         model: str,
         max_audio_seconds: float,
+        speaker: AudioWorker | None = None,
     ) -> None:
+        """`worker` transcribes and `speaker` speaks (by default `worker` does both; a router
+        has Whisper and Kokoro in two models' workers)."""
         self.state = state
         self.websocket = websocket
         self.worker = worker
+        self.speaker = speaker if speaker is not None else worker
         self.send = send
         self.model = model
         self.id = new_id("sess")
@@ -150,7 +156,7 @@ class RealtimeSession:
     def _check_voice(self, voice: str) -> None:
         from mlxcel.engine.audio.tts import resolve_voice
 
-        tts = self.worker.models.tts
+        tts = self.speaker.models.tts
         if tts is None:
             return
         try:
@@ -222,11 +228,14 @@ class RealtimeSession:
         self._transcribe(item, [(0, audio)])
 
     async def _item_create(self, message: dict[str, Any]) -> None:
+        after = message.get("previous_item_id")
+        if after is not None and not isinstance(after, str):
+            raise ClientEventError("previous_item_id must be a string", param="previous_item_id")
         item, pending = parse_item(message.get("item"))
         decoded = [(p.content_index, self._decoded(p)) for p in pending]
         if any(i["id"] == item["id"] for i in self.items):
             raise ClientEventError(f"item id {item['id']!r} already exists", param="item.id")
-        previous = self.add_item(item)
+        previous = self.add_item(item, after)
         await self.send(event("conversation.item.added", previous_item_id=previous, item=item))
         if decoded:
             self._transcribe(item, decoded)
@@ -239,6 +248,13 @@ class RealtimeSession:
         except ClientEventError as exc:
             exc.param = f"item.content[{pending.content_index}].audio"
             raise
+
+    async def _item_retrieve(self, message: dict[str, Any]) -> None:
+        item_id = message.get("item_id")
+        item = next((i for i in self.items if i["id"] == item_id), None)
+        if item is None:
+            raise ClientEventError("no item with that item_id", param="item_id")
+        await self.send(event("conversation.item.retrieved", item=item))
 
     async def _item_delete(self, message: dict[str, Any]) -> None:
         item_id = message.get("item_id")
@@ -302,10 +318,23 @@ class RealtimeSession:
 
     # ------------------------------------------------------------------ items
 
-    def add_item(self, item: dict[str, Any]) -> str | None:
-        """Append `item` (dropping the oldest past MAX_ITEMS); the previous item's id."""
-        previous = self.items[-1]["id"] if self.items else None
-        self.items.append(item)
+    def add_item(self, item: dict[str, Any], after: str | None = None) -> str | None:
+        """Put `item` after the item `after` (`root`: first; None: last), dropping the oldest
+        past MAX_ITEMS; the id of the item before it. An unknown `after` is refused."""
+        if after is None:
+            at = len(self.items)
+        elif after == ROOT:
+            at = 0
+        else:
+            found = [n for n, i in enumerate(self.items) if i["id"] == after]
+            if not found:
+                raise ClientEventError(
+                    f"previous_item_id {after[:64]!r} is not in the conversation",
+                    param="previous_item_id",
+                )
+            at = found[0] + 1
+        previous = self.items[at - 1]["id"] if at else None
+        self.items.insert(at, item)
         if len(self.items) > MAX_ITEMS:
             self.spoken.pop(self.items.pop(0)["id"], None)
         return previous
@@ -353,9 +382,10 @@ class RealtimeSession:
             text = result.text.strip()
             item["content"][index]["transcript"] = text
             ids = {"item_id": item["id"], "content_index": index}
-            await self.send(
-                event("conversation.item.input_audio_transcription.delta", **ids, delta=text)
-            )
+            for delta in _segment_deltas(text, [seg.text for seg in result.segments]):
+                await self.send(
+                    event("conversation.item.input_audio_transcription.delta", **ids, delta=delta)
+                )
             await self.send(
                 event(
                     "conversation.item.input_audio_transcription.completed",
@@ -372,7 +402,7 @@ class RealtimeSession:
         context = ResponseContext(
             state=self.state,
             websocket=self.websocket,
-            worker=self.worker,
+            worker=self.speaker,
             send=self.send,
             items=self.items,
             add_item=self.add_item,
@@ -421,6 +451,16 @@ class RealtimeSession:
         return True
 
 
+def _segment_deltas(text: str, segments: list[str]) -> list[str]:
+    """A transcript as one delta per Whisper segment (they join to `text` exactly); the
+    whole text as one delta when the segments do not add up to it."""
+    deltas = [piece for piece in segments if piece]
+    if deltas:
+        deltas[0] = deltas[0].lstrip()
+        deltas[-1] = deltas[-1].rstrip()
+    return deltas if "".join(deltas) == text and all(deltas) else [text]
+
+
 def _failed(kind: str, message: str) -> dict[str, Any]:
     """`status_details` of a failed response."""
     return {"type": "failed", "error": {"type": kind, "message": message}}
@@ -433,6 +473,7 @@ _HANDLERS: dict[str, Callable[[RealtimeSession, dict[str, Any]], Awaitable[None]
     "input_audio_buffer.clear": RealtimeSession._clear_buffer,
     "conversation.item.create": RealtimeSession._item_create,
     "conversation.item.delete": RealtimeSession._item_delete,
+    "conversation.item.retrieve": RealtimeSession._item_retrieve,
     "conversation.item.truncate": RealtimeSession._item_truncate,
     "response.create": RealtimeSession._response_create,
     "response.cancel": RealtimeSession._response_cancel,
