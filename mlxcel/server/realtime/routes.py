@@ -31,6 +31,8 @@ from mlxcel.server.realtime.protocol import ClientEventError, error_event
 from mlxcel.server.realtime.session import RealtimeSession, Send
 
 if TYPE_CHECKING:
+    from mlxcel.config import Settings
+    from mlxcel.engine.workers.audio import AudioWorker
     from mlxcel.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -64,9 +66,9 @@ def _offered_key(websocket: WebSocket) -> str | None:
     return None
 
 
-def _refusal(websocket: WebSocket, state: ServerState) -> JSONResponse | None:
-    """The HTTP answer that refuses the upgrade, or None to accept it."""
-    keys = ApiKeys(state.settings.api_keys())
+def key_refusal(websocket: WebSocket, settings: Settings) -> JSONResponse | None:
+    """The 401 that refuses the upgrade without a valid API key, or None."""
+    keys = ApiKeys(settings.api_keys())
     if keys.enabled:
         headers = websocket.headers
         failure = keys.check(
@@ -75,6 +77,14 @@ def _refusal(websocket: WebSocket, state: ServerState) -> JSONResponse | None:
         if failure is not None:
             message = "Missing API key" if failure == "missing_api_key" else "Invalid API Key"
             return JSONResponse(error_body(message, failure), status_code=401)
+    return None
+
+
+def _refusal(websocket: WebSocket, state: ServerState) -> JSONResponse | None:
+    """The HTTP answer that refuses the upgrade, or None to accept it."""
+    refused = key_refusal(websocket, state.settings)
+    if refused is not None:
+        return refused
     missing = missing_models(state)
     if missing:
         uses = (["chat"] if state.client is not None else []) + served_uses(state.settings)
@@ -91,19 +101,27 @@ def _refusal(websocket: WebSocket, state: ServerState) -> JSONResponse | None:
     return None
 
 
-class _Sessions:
+class Sessions:
     """The open sessions of one app (its event loop only)."""
 
     def __init__(self) -> None:
         self.open = 0
 
 
-def _sessions(websocket: WebSocket) -> _Sessions:
+def _sessions(websocket: WebSocket) -> Sessions:
     app_state = websocket.app.state
     sessions = getattr(app_state, "realtime_sessions", None)
     if sessions is None:
-        sessions = app_state.realtime_sessions = _Sessions()
+        sessions = app_state.realtime_sessions = Sessions()
     return sessions
+
+
+async def deny(websocket: WebSocket, refusal: JSONResponse) -> None:
+    """Refuse the upgrade with `refusal` (an HTTP answer)."""
+    try:
+        await websocket.send_denial_response(refusal)
+    except RuntimeError:  # a server without the denial extension: a bare refusal
+        await websocket.close(code=1008)
 
 
 @router.websocket("/v1/realtime")
@@ -113,15 +131,25 @@ async def realtime(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.mlxcel
     refusal = _refusal(websocket, state)
     if refusal is not None:
-        try:
-            await websocket.send_denial_response(refusal)
-        except RuntimeError:  # a server without the denial extension: a bare refusal
-            await websocket.close(code=1008)
+        await deny(websocket, refusal)
         return
+    assert state.audio is not None
+    await run_session(websocket, state, state.audio, state.audio, _sessions(websocket))
+
+
+async def run_session(
+    websocket: WebSocket,
+    state: ServerState,
+    stt: AudioWorker,
+    tts: AudioWorker,
+    sessions: Sessions,
+    settings: Settings | None = None,
+) -> None:
+    """Accept the upgrade and serve one session: `state`'s chat model answers, `stt`
+    transcribes and `tts` speaks; `settings` (by default `state`'s) set its limits."""
     offered = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-    settings = state.settings
-    sessions = _sessions(websocket)
+    settings = settings or state.settings
     if sessions.open >= settings.realtime_max_sessions:
         await websocket.close(
             code=TRY_AGAIN_LATER,
@@ -130,13 +158,18 @@ async def realtime(websocket: WebSocket) -> None:
         return
     sessions.open += 1
     try:
-        await _serve(websocket, state)
+        await _serve(websocket, state, stt, tts, settings)
     finally:
         sessions.open -= 1
 
 
-async def _serve(websocket: WebSocket, state: ServerState) -> None:
-    assert state.audio is not None
+async def _serve(
+    websocket: WebSocket,
+    state: ServerState,
+    stt: AudioWorker,
+    tts: AudioWorker,
+    settings: Settings,
+) -> None:
     lock = asyncio.Lock()
     gone = False
 
@@ -156,12 +189,13 @@ async def _serve(websocket: WebSocket, state: ServerState) -> None:
     session = RealtimeSession(
         state,
         websocket,
-        state.audio,
+        stt,
         send,
         model=model[:256],
-        max_audio_seconds=state.settings.realtime_max_audio_seconds,
+        max_audio_seconds=settings.realtime_max_audio_seconds,
+        speaker=tts,
     )
-    idle = state.settings.realtime_idle_timeout or None
+    idle = settings.realtime_idle_timeout or None
     try:
         await session.start()
         while not gone:

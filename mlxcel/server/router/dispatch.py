@@ -17,7 +17,9 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
+from mlxcel.config import Settings
 from mlxcel.server.errors import (
     APIError,
     anthropic_scope,
@@ -27,6 +29,7 @@ from mlxcel.server.errors import (
     server_busy,
 )
 from mlxcel.server.json_body import decode_json_body
+from mlxcel.server.realtime.routes import Sessions
 from mlxcel.server.router.pool import (
     LoadFailed,
     MemoryRefused,
@@ -52,6 +55,7 @@ _USE_BY_PATH = (
     (("/v1/audio/speech", "/audio/speech"), "speech"),
     (("/v1/images/", "/images/"), "images"),
 )
+REALTIME_PATHS = ("/v1/realtime", "/realtime")
 _ANY_MODEL = ("/props", "/metrics", "/slots", "/v1/cache/stats", "/v1/cache/reset")
 _USE_NAMES = {
     "chat": "chat and text generation",
@@ -117,11 +121,15 @@ class RouterDispatch:
         *,
         prefix: str = "",
         load_timeout: float | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        """`settings` are the router's (API keys and limits of `/v1/realtime` sessions)."""
         self.control = control
         self.pool = pool
         self.prefix = prefix
         self.load_timeout = load_timeout
+        self.settings = settings or Settings()
+        self.realtime_sessions = Sessions()
 
     def _path(self, scope: Scope) -> str | None:
         path: str = scope["path"]
@@ -134,6 +142,9 @@ class RouterDispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = self._path(scope)
         query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
+        if scope["type"] == "websocket" and path in REALTIME_PATHS:
+            await self._realtime(WebSocket(scope, receive, send), query)
+            return
         if scope["type"] != "http" or path is None or _router_route(scope, path, query):
             await self.control(scope, receive, send)
             return
@@ -149,6 +160,18 @@ class RouterDispatch:
             await service.app(scope, _replay(body, receive), send)
         finally:
             self.pool.release(model, service)
+
+    async def _realtime(self, websocket: WebSocket, query: dict[str, list[str]]) -> None:
+        from mlxcel.server.router.realtime import serve_realtime
+
+        await serve_realtime(
+            websocket,
+            self.pool,
+            lambda name, path: self._route(name, path, query),
+            self.settings,
+            self.realtime_sessions,
+            self.load_timeout,
+        )
 
     async def _model_name(
         self, scope: Scope, receive: Receive, query: dict[str, list[str]], body: list[Message]

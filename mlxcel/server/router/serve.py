@@ -142,6 +142,7 @@ def router_app(
         pool,
         prefix=prefix,
         load_timeout=load_timeout,
+        settings=settings,
     )
     app: ASGIApp = RequestGuard(dispatch, **guard_options(settings, prefix))
     cors = cors_options(settings)
