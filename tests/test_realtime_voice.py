@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures.audio import SENTENCE, synthesize_speech
+from fixtures.audio import SENTENCE, synthesize_speech, tiny_whisper_dir
+from mlx_whisper.tokenizer import get_tokenizer
 
 from mlxcel.engine.audio.codec import resample
+from mlxcel.engine.audio.transcribe import transcribe
+from mlxcel.engine.audio.whisper import load_whisper
 from mlxcel.engine.voice.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from mlxcel.engine.voice.sentences import SentenceChunker
 from mlxcel.engine.voice.vad import SpeechStarted, SpeechStopped, TurnDetector, aggressiveness
@@ -105,3 +108,13 @@ def test_long_text_breaks_at_a_colon_and_lines_break_always() -> None:
         "Here is a fairly long list of things to say:"
     ]
     assert chunker.feed("and plums\nOk\n") == ["apples, pears and plums", "Ok"]
+
+
+def test_loading_whisper_builds_its_tokenizer_before_the_first_turn() -> None:
+    get_tokenizer.cache_clear()
+    model = load_whisper(str(tiny_whisper_dir()))
+    assert get_tokenizer.cache_info().currsize == 1
+    # The first transcription finds it built (a hit, no new entry).
+    transcribe(model, np.zeros(16_000, dtype=np.float32))
+    info = get_tokenizer.cache_info()
+    assert info.currsize == 1 and info.hits >= 1

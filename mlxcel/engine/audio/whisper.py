@@ -154,6 +154,7 @@ def load_whisper(
 
         use_numpy_forward(model, audio_ctx=context)
         fp16 = False  # numpy computes in float32 wherever it runs
+    _build_tokenizer(model)
     return WhisperModel(
         model=model,
         name=name,
@@ -162,6 +163,18 @@ def load_whisper(
         fp16=fp16,
         forward="numpy" if use_numpy else "mlx",
     )
+
+
+def _build_tokenizer(model: Any) -> None:
+    """Build mlx-whisper's tokenizer for English transcription (cached by mlx-whisper) and
+    compile its special-token pattern: about 0.2 s on a 2-core Xeon that the first
+    transcription would otherwise pay (the first voice turn, the first request)."""
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer(
+        model.is_multilingual, num_languages=model.num_languages, language="en", task="transcribe"
+    )
+    tokenizer.encode(" ")
 
 
 def is_mlx_whisper_dir(path: Path) -> bool:
