@@ -35,6 +35,24 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def stdin_text() -> str:
+    """All of stdin as UTF-8 text, or one line and exit 2 when it is not UTF-8."""
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError:
+        fail("stdin is not UTF-8 text")
+
+
+def utf8_text(value: str, what: str) -> str:
+    """`value` as given on the command line, or one line and exit 2 when its bytes were not
+    UTF-8 (Python keeps such bytes as lone surrogates, which no tokenizer takes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        fail(f"{what} is not UTF-8 text")
+    return value
+
+
 def resolve(profile: str | None, cli: dict[str, Any]) -> ResolvedSettings:
     """Settings from defaults < profile < env < the flags the user gave."""
     from mlxcel.config import SettingsError, resolve_settings

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from .common import PROFILE_OPTION, fail, resolve
+from .common import PROFILE_OPTION, fail, resolve, stdin_text, utf8_text
 
 if TYPE_CHECKING:
     from mlxcel.engine.embeddings import Embedder, EmbeddingOutput
@@ -21,7 +21,7 @@ PREVIEW_TEXT = 48
 def read_lines(path: str) -> list[str]:
     """Non-blank lines of `path` (`-` is stdin), one input per line."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        text = stdin_text() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror or exc}")
     except UnicodeDecodeError:
@@ -33,7 +33,7 @@ def gather_texts(texts: list[str] | None, file: str | None) -> list[str]:
     """TEXT arguments (`-` reads stdin, one text per line) followed by the lines of --file."""
     out: list[str] = []
     for text in texts or []:
-        out.extend(read_lines("-") if text == "-" else [text])
+        out.extend(read_lines("-") if text == "-" else [utf8_text(text, "an argument")])
     if file is not None:
         out.extend(read_lines(file))
     return out

@@ -18,6 +18,8 @@ from .common import (
     load_model_or_exit,
     resolve,
     settings_actions,
+    stdin_text,
+    utf8_text,
 )
 
 if TYPE_CHECKING:
@@ -171,6 +173,8 @@ def generate(
         return
     settings = resolved.settings
     text = _read_prompt(prompt_arg, prompt)
+    if system is not None:
+        utf8_text(system, "--system")
 
     from mlxcel.engine.defaults import loop_params, sampling_from_settings
     from mlxcel.engine.distributed.lane import lane_for
@@ -351,8 +355,7 @@ def _read_prompt(arg: str | None, option: str | None) -> str:
     text = option if option is not None else arg
     if text is None:
         fail("no prompt given (pass PROMPT, -p PROMPT, or - to read stdin)")
-    if text == "-":
-        text = sys.stdin.read()
+    text = stdin_text() if text == "-" else utf8_text(text, "the prompt")
     if not text.strip():
         fail("the prompt is empty")
     return text

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from .common import PROFILE_OPTION, fail, resolve
+from .common import PROFILE_OPTION, fail, resolve, utf8_text
 from .embed import gather_texts, preview_text, with_spinner
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def rerank(
     """Rank documents by relevance to a query and print them best first."""
     if top_n is not None and top_n < 1:
         fail(f"--top-n must be at least 1, not {top_n}")
-    if not query:
+    if not utf8_text(query, "the query"):
         fail("the query is empty")
     settings = resolve(profile, {}).settings
     docs = gather_texts(documents, file)

@@ -13,7 +13,7 @@ import typer
 
 from mlxcel.config import process_env
 
-from .common import fail
+from .common import fail, stdin_text, utf8_text
 
 if TYPE_CHECKING:
     from mlxcel.engine.audio.tts import KokoroModel
@@ -92,8 +92,7 @@ def speak(
     if not list_voices:
         if text is None:
             fail("missing TEXT (or - to read stdin)")
-        if text == "-":
-            text = sys.stdin.read()
+        text = stdin_text() if text == "-" else utf8_text(text, "TEXT")
         if not text.strip():
             fail("nothing to say: the text is empty")
         if not MIN_SPEED <= speed <= MAX_SPEED:

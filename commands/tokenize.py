@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import typer
 
-from .common import PROFILE_OPTION, fail, load_model_or_exit, resolve
+from .common import PROFILE_OPTION, fail, load_model_or_exit, resolve, stdin_text, utf8_text
 
 
 def tokenize(
@@ -39,8 +38,7 @@ def tokenize(
         return
     if text is None:
         fail("no text given (pass TEXT, or - to read stdin, or --decode IDS)")
-    if text == "-":
-        text = sys.stdin.read()
+    text = stdin_text() if text == "-" else utf8_text(text, "TEXT")
     tokenizer = load_model_or_exit(settings.model, store=settings.model_store, quiet=True).tokenizer
     ids = tokenizer.encode(text, add_special=add_special)
     if count:

@@ -1,0 +1,73 @@
+"""Bytes a user's shell can hand the CLI that are no text: one line on stderr, exit 2.
+
+Every check runs the real `mlxcel` command in a subprocess, with raw bytes on argv or stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NOT_UTF8 = b"caf\xe9 \xff\xfe"  # Latin-1 bytes, as a file from an old editor holds them
+
+
+def _mlxcel(*args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "mlxcel", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+
+
+def _one_error_line(out: subprocess.CompletedProcess[bytes], message: str) -> None:
+    err = out.stderr.decode("utf-8", "replace")
+    assert out.returncode == 2, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines() == [f"mlxcel: error: {message}"]
+
+
+@pytest.mark.parametrize("command", ["generate", "tokenize"])
+def test_stdin_that_is_not_utf8_is_one_line(command: str, tiny_llama_dir: Path) -> None:
+    out = _mlxcel(command, "-m", str(tiny_llama_dir), "-", stdin=NOT_UTF8)
+    _one_error_line(out, "stdin is not UTF-8 text")
+
+
+def test_stdin_in_utf8_still_reads(tiny_llama_dir: Path) -> None:
+    out = _mlxcel("tokenize", "-m", str(tiny_llama_dir), "-", "--count", stdin="café".encode())
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", "-n", "1", NOT_UTF8], "the prompt is not UTF-8 text"),
+        (["generate", "-n", "1", "--system", NOT_UTF8, "hi"], "--system is not UTF-8 text"),
+        (["tokenize", NOT_UTF8], "TEXT is not UTF-8 text"),
+    ],
+)
+def test_arguments_that_are_not_utf8_are_one_line(
+    args: list[str | bytes], message: str, tiny_llama_dir: Path
+) -> None:
+    out = _mlxcel(args[0], "-m", str(tiny_llama_dir), *args[1:])
+    _one_error_line(out, message)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["embed", NOT_UTF8], "an argument is not UTF-8 text"),
+        (["rerank", "-q", NOT_UTF8, "doc"], "the query is not UTF-8 text"),
+        (["rerank", "-q", "query", NOT_UTF8], "an argument is not UTF-8 text"),
+    ],
+)
+def test_encoder_texts_that_are_not_utf8_are_one_line(
+    args: list[str | bytes], message: str
+) -> None:
+    _one_error_line(_mlxcel(*args), message)
