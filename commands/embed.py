@@ -191,7 +191,9 @@ def _write_npy(path: str, output: EmbeddingOutput) -> None:
     else:
         matrix = output.matrix()
     try:
-        np.save(path, matrix.astype(np.float32))
+        # Through a file object: np.save given a name adds `.npy` to one without it.
+        with open(path, "wb") as out:
+            np.save(out, matrix.astype(np.float32))
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}")
     rows, dims = matrix.shape

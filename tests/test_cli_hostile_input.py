@@ -71,3 +71,20 @@ def test_encoder_texts_that_are_not_utf8_are_one_line(
     args: list[str | bytes], message: str
 ) -> None:
     _one_error_line(_mlxcel(*args), message)
+
+
+def test_embed_npy_writes_the_path_it_names(tmp_path: Path) -> None:
+    import numpy as np
+
+    named = tmp_path / "vectors"  # no .npy: np.save alone would write vectors.npy
+    out = _mlxcel("embed", "tea", "coffee", "--npy", str(named))
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vectors"]
+    assert np.load(named).shape == (2, 384)
+    assert out.stderr.decode().strip() == f"mlxcel: wrote 2×384 float32 to {named}"
+
+
+def test_embed_npy_to_a_directory_is_one_line(tmp_path: Path) -> None:
+    out = _mlxcel("embed", "tea", "--npy", str(tmp_path))
+    _one_error_line(out, f"cannot write {tmp_path}: Is a directory")
+    assert list(tmp_path.parent.glob(f"{tmp_path.name}.npy")) == []
