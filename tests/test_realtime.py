@@ -142,7 +142,14 @@ def test_sdk_manual_turn_is_transcribed_and_answered_in_streamed_speech(
             await until("conversation.item.truncated")
             await conn.response.create(response=probe)  # type: ignore[arg-type]
             await until("response.done")
-            return events, started, time.perf_counter()
+            finished = time.perf_counter()
+            await conn.conversation.item.retrieve(item_id=answer)
+            await until("conversation.item.retrieved")
+            content = [{"type": "input_text", "text": "Be brief."}]
+            note = {"type": "message", "role": "system", "content": content}
+            await conn.conversation.item.create(item=note, previous_item_id="root")  # type: ignore[arg-type]
+            await until("conversation.item.done")
+            return events, started, finished
 
     events, _, _ = run(scenario())
     _, full, cut = (
@@ -150,6 +157,19 @@ def test_sdk_manual_turn_is_transcribed_and_answered_in_streamed_speech(
     )
     assert cut < full - 10
     assert [e["error"]["param"] for e in events if e["type"] == "error"] == ["audio_end_ms"]
+    # The SDK's retrieve gives the truncated item; its create puts a note first ("root").
+    retrieved = next(e for e in events if e["type"] == "conversation.item.retrieved")["item"]
+    first_done = next(i for i, e in enumerate(events) if e["type"] == "response.done")
+    spoken = "".join(
+        e["delta"]
+        for e in events[:first_done]
+        if e["type"] == "response.output_audio_transcript.delta"
+    )
+    kept = retrieved["content"][0]["transcript"]
+    assert retrieved["id"] == events[first_done]["response"]["output"][0]["id"]
+    assert kept and len(kept) < len(spoken.strip()) and spoken.strip().startswith(kept)
+    added = [e for e in events if e["type"] == "conversation.item.added"][-1]
+    assert added["previous_item_id"] is None and added["item"]["role"] == "system"
     events = events[: next(i for i, e in enumerate(events) if e["type"] == "response.done") + 1]
     kinds = [e["type"] for e in events]
     completed = next(
