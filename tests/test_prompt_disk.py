@@ -178,3 +178,27 @@ def test_a_served_prefix_survives_a_restart(tiny_llama_dir: Path, tmp_path: Path
     assert cleared.returncode == 0 and "removed" in cleared.stdout
     assert not list(directory.glob("*/*.safetensors"))
     assert cli("--dir", str(tmp_path / "missing")).returncode == 2
+
+
+def test_clear_leaves_what_the_tier_did_not_write(tmp_path: Path) -> None:
+    """`mlxcel cache prompts --dir ~/models --clear` given the wrong directory by mistake:
+    a model folder's config.json and weights stay, only the tier's entry goes."""
+    _one_entry(tmp_path)
+    model = tmp_path / "SmolLM2"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (model / name).write_text("{}")
+    hexlike = tmp_path / ("ab" * 8)  # a namespace's name, not its files
+    hexlike.mkdir()
+    (hexlike / "weights.safetensors").write_text("x")
+    [listed] = [s for s in list_directory(tmp_path) if s.entries]
+    removed, _ = clear_directory(tmp_path)
+    assert removed == 2
+    assert sorted(p.name for p in model.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
+    assert (hexlike / "weights.safetensors").exists()
+    assert not (tmp_path / listed.namespace).exists()
+    assert [s.namespace for s in list_directory(tmp_path)] == [hexlike.name]

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 
 _FORMAT = "mlxcel-prompt-cache-v1"
 _IDENTITY_BYTES = 4 << 20  # the head of a model file hashed for its identity
+# The names the tier writes: a namespace directory, and in it entry files and temporaries.
+_NAMESPACE_NAME = re.compile(r"[0-9a-f]{16}")
+_ENTRY_NAME = re.compile(r"\.?[0-9a-f]{32}\.(?:json|safetensors)")
 
 
 def model_identity(path: Path) -> str:
@@ -290,8 +294,8 @@ def list_directory(directory: Path) -> list[StoredNamespace]:
     root = Path(directory)
     if not root.is_dir():
         return out
-    for space in sorted(p for p in root.iterdir() if p.is_dir()):
-        files = [f for f in space.iterdir() if f.is_file()]
+    for space in sorted(_namespaces(root)):
+        files = [f for f in space.iterdir() if _is_entry_file(f)]
         out.append(
             StoredNamespace(
                 space.name,
@@ -304,17 +308,27 @@ def list_directory(directory: Path) -> list[StoredNamespace]:
 
 def clear_directory(directory: Path) -> tuple[int, int]:
     """Remove every entry file of a disk-tier directory: (files removed, bytes freed).
-    Only mlxcel's own names are touched (`*.safetensors`, `*.json` and temporaries)."""
+    Only the names the tier writes are touched (namespace directories of 16 hex digits
+    holding `<32 hex>.safetensors|json` and their temporaries): a directory given by
+    mistake, a models folder say, keeps its own files."""
     removed = freed = 0
     root = Path(directory)
     if not root.is_dir():
         return 0, 0
-    for space in (p for p in root.iterdir() if p.is_dir()):
+    for space in _namespaces(root):
         for f in space.iterdir():
-            if f.is_file() and f.suffix in (".safetensors", ".json") and not f.is_symlink():
+            if _is_entry_file(f):
                 freed += f.stat().st_size
                 f.unlink()
                 removed += 1
         with contextlib.suppress(OSError):
             space.rmdir()
     return removed, freed
+
+
+def _namespaces(root: Path) -> list[Path]:
+    return [p for p in root.iterdir() if _NAMESPACE_NAME.fullmatch(p.name) and p.is_dir()]
+
+
+def _is_entry_file(path: Path) -> bool:
+    return bool(_ENTRY_NAME.fullmatch(path.name)) and path.is_file() and not path.is_symlink()
