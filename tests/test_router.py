@@ -717,6 +717,8 @@ def test_realtime_session_runs_on_a_routed_chat_whisper_and_kokoro(
 
 
 def test_api_keys_guard_the_router_before_any_load(models_dir: Path) -> None:
+    from realtime_client import ws_url
+
     server = serve(models_dir, "--api-key", "sk-router")
     try:
         with server.client() as client:
@@ -724,6 +726,8 @@ def test_api_keys_guard_the_router_before_any_load(models_dir: Path) -> None:
             assert refused.status_code == 401
             assert client.post("/models/load", json={"model": "chat-a"}).status_code == 401
             assert client.get("/models").status_code == 200  # keyless, as llama-server
+            status, body = _realtime_refusal(ws_url(server.url, "/v1/realtime?model=chat-a"))
+            assert status == 401 and body["error"]["type"] == "missing_api_key"
             assert statuses(client)["chat-a"] == "unloaded"
             auth = {"Authorization": "Bearer sk-router"}
             ok = client.post(
