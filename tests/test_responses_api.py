@@ -759,6 +759,16 @@ BAD_BODIES: list[tuple[dict[str, Any], str]] = [
      "not supported"),
 ]  # fmt: skip
 BAD_BODIES += [({"input": "x", "tools": [{"type": kind}]}, kind) for kind in BUILTIN_TOOL_TYPES]
+# A type that is no string (a list or an object) was looked up in a dict: 500 TypeError.
+BAD_BODIES += [
+    (body, where)
+    for kind in ([], {"a": 1}, ["input_text"])
+    for body, where in (
+        ({"input": [{"role": "user", "content": [{"type": kind, "text": "x"}]}]},
+         "input[0].content[0].type"),
+        ({"input": "x", "tools": [{"type": kind, "name": "f"}]}, "tools[0].type"),
+    )
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("body", "needle"), BAD_BODIES)

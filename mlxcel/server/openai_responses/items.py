@@ -58,6 +58,8 @@ def _check_parts(parts: list[Any], where: str) -> None:
         if not isinstance(part, dict):
             raise invalid_request(f"{here} must be a content part object", here)
         kind = part.get("type")
+        if not isinstance(kind, str):
+            raise invalid_request(f"{here}.type must be a string", f"{here}.type")
         if kind in TEXT_PARTS:
             key = TEXT_PARTS[kind]
             if not isinstance(part.get(key), str):

@@ -109,6 +109,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         where = f"tools[{index}]"
         kind = tool.get("type")
         if kind != "function":
+            if not isinstance(kind, str):
+                raise invalid_request(f"{where}.type must be a string", f"{where}.type")
             if kind in BUILTIN_TOOLS:
                 raise invalid_request(
                     f"{where}: built-in tool type {kind!r} is not supported; "
