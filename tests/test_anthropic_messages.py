@@ -723,6 +723,27 @@ def test_invalid_requests_are_anthropic_400(hf_tokenizer: Any, body: Any, fragme
     assert engine.requests == []
 
 
+BLOCKS_THAT_ARE_NO_OBJECTS = [
+    [{"type": "tool_result", "tool_use_id": "t1", "content": [None]}],
+    [{"type": "tool_result", "tool_use_id": "t1", "content": [1, "a"]}],
+    [{"type": "document", "source": {"type": "content", "content": [1]}}],
+]
+
+
+@pytest.mark.parametrize("content", BLOCKS_THAT_ARE_NO_OBJECTS)
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_nested_blocks_that_are_no_objects_are_400(
+    hf_tokenizer: Any, path: str, content: list[Any]
+) -> None:
+    """A tool result's or a document's inner block that is no object was read as one: 500
+    AttributeError from count_tokens."""
+    app, engine = make_app(hf_tokenizer, HELLO)
+    messages = [{"role": "user", "content": content}]
+    response = post(app, path, {"model": "m", "max_tokens": 5, "messages": messages})
+    assert "messages[0].content[0]" in anthropic_error(response, 400, "invalid_request_error")
+    assert engine.requests == []
+
+
 def test_malformed_json_is_anthropic_400(hf_tokenizer: Any) -> None:
     app, _ = make_app(hf_tokenizer, HELLO)
     response = post(app, "/v1/messages/count_tokens", b"{not json")

@@ -133,6 +133,8 @@ def _document_part(where: str, block: dict[str, Any]) -> dict[str, Any]:
         if isinstance(inner, str):
             return {"type": "text", "text": inner}
         if isinstance(inner, list):
+            if not all(isinstance(b, dict) for b in inner):
+                raise bad_request(f"{where}: a document's content blocks must be objects")
             texts = [_text_of(f"{where}.source", b) for b in inner if b.get("type") == "text"]
             return {"type": "text", "text": "\n".join(texts)}
     raise bad_request(f"{where}: only plain-text documents are supported, not '{kind}' sources")
@@ -141,6 +143,8 @@ def _document_part(where: str, block: dict[str, Any]) -> dict[str, Any]:
 def _content_part(where: str, block: dict[str, Any], images: bool) -> dict[str, Any]:
     """A user (or tool result) block as a chat content part (`images`: the model takes
     images; else an image block is a 400 naming it)."""
+    if not isinstance(block, dict):
+        raise bad_request(f"{where}: a content block must be an object")
     kind = block.get("type")
     if kind == "text":
         return {"type": "text", "text": _text_of(where, block)}
