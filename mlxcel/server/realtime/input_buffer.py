@@ -14,8 +14,8 @@ import numpy as np
 
 from mlxcel.engine.audio.codec import resample
 from mlxcel.engine.voice.vad import VAD_RATE, TurnDetector, VadEvent
-from mlxcel.server.realtime.audio_wire import decode_audio
-from mlxcel.server.realtime.protocol import BYTES_PER_SAMPLE, RATES, AudioFormat, ClientEventError
+from mlxcel.server.realtime.audio_wire import decode_audio, longer_than
+from mlxcel.server.realtime.protocol import RATES, AudioFormat, ClientEventError
 
 if TYPE_CHECKING:
     from mlxcel.server.realtime.protocol import TurnDetection
@@ -76,7 +76,7 @@ class InputAudioBuffer:
 
     def append(self, data: str) -> list[VadEvent]:
         """Add base64 audio; the turn events it completes (none without `server_vad`)."""
-        if len(data) * 3 // 4 > self.max_seconds * self.rate * BYTES_PER_SAMPLE[self.fmt]:
+        if longer_than(data, self.fmt, self.max_seconds):
             raise self._full()
         samples = decode_audio(data, self.fmt)
         if self._samples + len(samples) > self.max_seconds * self.rate:

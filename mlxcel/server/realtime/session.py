@@ -22,8 +22,15 @@ import numpy as np
 from mlxcel.engine.errors import EngineError
 from mlxcel.engine.voice.vad import SpeechStarted, SpeechStopped
 from mlxcel.server.errors import APIError
-from mlxcel.server.realtime.audio_wire import decode_audio, to_whisper
-from mlxcel.server.realtime.conversation import MAX_ITEMS, PendingAudio, message_item, parse_item
+from mlxcel.server.realtime.audio_wire import decode_audio, longer_than, to_whisper
+from mlxcel.server.realtime.conversation import (
+    MAX_CONVERSATION_CHARS,
+    MAX_ITEMS,
+    PendingAudio,
+    item_chars,
+    message_item,
+    parse_item,
+)
 from mlxcel.server.realtime.input_buffer import InputAudioBuffer
 from mlxcel.server.realtime.protocol import (
     ClientEventError,
@@ -55,6 +62,9 @@ TAIL_MS = 200
 """Audio kept after the detected end of speech (the word's fading end)."""
 ROOT = "root"
 """`previous_item_id` that puts a created item first."""
+MAX_TRANSCRIPTIONS = 4
+"""Transcriptions a session has running or waiting at once (each holds its audio); a commit,
+turn or audio item past them is refused."""
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -192,6 +202,7 @@ class RealtimeSession:
         )
         detection = self.config.turn_detection
         prefix = detection.prefix_padding_ms if detection else 0
+        self._check_transcriptions()
         audio = self.buffer.take(self._speech_start_ms - prefix, ms + TAIL_MS)
         await self._commit(item_id, audio)
         if detection is not None and detection.create_response and self._response_task is None:
@@ -204,6 +215,7 @@ class RealtimeSession:
                 f" but buffer only has {self.buffer.ms} ms",
                 code="input_audio_buffer_commit_empty",
             )
+        self._check_transcriptions()
         item_id = self._speech_item or new_id("item")
         self._speech_item = None
         audio = self.buffer.take()
@@ -232,6 +244,8 @@ class RealtimeSession:
         if after is not None and not isinstance(after, str):
             raise ClientEventError("previous_item_id must be a string", param="previous_item_id")
         item, pending = parse_item(message.get("item"))
+        if pending:
+            self._check_transcriptions()
         decoded = [(p.content_index, self._decoded(p)) for p in pending]
         if any(i["id"] == item["id"] for i in self.items):
             raise ClientEventError(f"item id {item['id']!r} already exists", param="item.id")
@@ -243,11 +257,22 @@ class RealtimeSession:
             await self.send(event("conversation.item.done", previous_item_id=previous, item=item))
 
     def _decoded(self, pending: PendingAudio) -> np.ndarray:
+        param = f"item.content[{pending.content_index}].audio"
+        seconds = self.buffer.max_seconds
+        if longer_than(pending.audio, self.config.input_format, seconds):
+            raise ClientEventError(f"the audio is longer than {seconds:g} seconds", param=param)
         try:
             return decode_audio(pending.audio, self.config.input_format)
         except ClientEventError as exc:
-            exc.param = f"item.content[{pending.content_index}].audio"
+            exc.param = param
             raise
+
+    def _check_transcriptions(self) -> None:
+        if len(self._transcriptions) >= MAX_TRANSCRIPTIONS:
+            raise ClientEventError(
+                f"{MAX_TRANSCRIPTIONS} transcriptions are already running; wait for one to end",
+                code="too_many_transcriptions",
+            )
 
     async def _item_retrieve(self, message: dict[str, Any]) -> None:
         item_id = message.get("item_id")
@@ -320,7 +345,8 @@ class RealtimeSession:
 
     def add_item(self, item: dict[str, Any], after: str | None = None) -> str | None:
         """Put `item` after the item `after` (`root`: first; None: last), dropping the oldest
-        past MAX_ITEMS; the id of the item before it. An unknown `after` is refused."""
+        others past MAX_ITEMS or MAX_CONVERSATION_CHARS; the id of the item before it. An
+        unknown `after` is refused."""
         if after is None:
             at = len(self.items)
         elif after == ROOT:
@@ -335,8 +361,13 @@ class RealtimeSession:
             at = found[0] + 1
         previous = self.items[at - 1]["id"] if at else None
         self.items.insert(at, item)
-        if len(self.items) > MAX_ITEMS:
-            self.spoken.pop(self.items.pop(0)["id"], None)
+        chars = sum(item_chars(i) for i in self.items)
+        while len(self.items) > 1 and (
+            len(self.items) > MAX_ITEMS or chars > MAX_CONVERSATION_CHARS
+        ):
+            oldest = self.items.pop(1 if self.items[0] is item else 0)
+            chars -= item_chars(oldest)
+            self.spoken.pop(oldest["id"], None)
         return previous
 
     def _transcribe(self, item: dict[str, Any], parts: list[tuple[int, np.ndarray]]) -> None:
