@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -280,6 +281,23 @@ def test_rerank_documents_as_objects_and_defaults(client: TestClient) -> None:
     assert [r["index"] for r in payload["results"]] == [1, 0]
     assert all("document" not in r for r in payload["results"])  # return_documents is off
     assert payload["model"] == "minilm"
+
+
+@pytest.mark.parametrize("kind", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_bodies_are_json_whatever_the_content_type(client: TestClient, kind: str | None) -> None:
+    """`curl -d '{...}'` sends a urlencoded type; llama-server reads the body as JSON (it was
+    a 400 'must be an object (got bytes)' here)."""
+    headers = {"Content-Type": kind} if kind else {}
+    rerank = {"query": QUERY, "documents": DOCS[:2]}
+    for route, body in (("/v1/embeddings", {"input": "a cat"}), ("/v1/rerank", rerank)):
+        answer = client.post(route, content=json.dumps(body), headers=headers)
+        assert answer.status_code == 200, (route, answer.text)
+        if route == "/v1/rerank":
+            assert [r["index"] for r in answer.json()["results"]] == [1, 0]
+        else:
+            assert len(answer.json()["data"][0]["embedding"]) == 384
+    bad = client.post("/v1/embeddings", content="input=a+cat", headers=headers)
+    assert "not valid JSON" in _error(bad, 400)["message"]
 
 
 TINY_DOCS = ["the cat eats fish", "stock market fell today", "a dog", "one two three"]

@@ -33,7 +33,7 @@ OFF_LOOP_BYTES = 1 << 16
 # Only a `\u` escape of a UTF-16 surrogate (D800-DFFF) in the raw body can give a decoded
 # string a lone surrogate, so only then are the strings checked.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
+_FORM_TYPES = ("multipart/",)  # a urlencoded body is JSON here, as llama-server reads it
 _CONTAINERS = frozenset({dict, list})
 
 
@@ -140,8 +140,9 @@ class _ParsedJsonRequest(Request):
 
 class JsonBodyRoute(APIRoute):
     """A route whose typed JSON body parameter FastAPI fills from `read_json_body`, so the
-    body gets the same limits and 400s as every other route's. Form bodies pass as they are.
-    Use it as the router's `route_class`."""
+    body gets the same limits and 400s as every other route's, and is JSON whatever its
+    Content-Type (as llama-server reads bodies; `curl -d` sends a urlencoded type). Multipart
+    bodies pass as they are. Use it as the router's `route_class`."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -149,9 +150,14 @@ class JsonBodyRoute(APIRoute):
             return handler
 
         async def parsed_first(request: Request) -> Response:
-            parsed = _ParsedJsonRequest(request.scope, request.receive)
-            content_type = parsed.headers.get("content-type", "").lower()
-            if not content_type.startswith(_FORM_TYPES) and (await parsed.body()).strip():
+            content_type = request.headers.get("content-type", "").lower()
+            if content_type.startswith(_FORM_TYPES):
+                return await handler(request)
+            # JSON whatever the type said (FastAPI fills a typed body from JSON types only)
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            scope = {**request.scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            parsed = _ParsedJsonRequest(scope, request.receive)
+            if (await parsed.body()).strip():
                 parsed.payload = await read_json_body(parsed)
             return await handler(parsed)
 
