@@ -76,7 +76,7 @@ from mlxcel.engine.text.token_pipeline import TokenPipeline, count_finish
 from mlxcel.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from mlxcel.engine.distributed.lane import DistributedLane
+    from mlxcel.engine.distributed.lane import DistributedLane, StepInputs
     from mlxcel.engine.text.kv_types import KVType
     from mlxcel.engine.text.speculative.engine_lane import SpeculativeLane
     from mlxcel.engine.text.speculative.lane import LaneToken, SoloLane
@@ -447,17 +447,30 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             if inputs.stop:
                 self._cancel_everything(generator)
                 return
-            self._drop_cancelled(generator, set(inputs.cancelled))
-            admitted = []
-            with self._cond:
-                for request, slot, budget in inputs.admitted:
-                    job = RunningSequence(request=request, sink=_discard, max_tokens=budget)
-                    self._jobs[request.request_id] = job
-                    self._occupy(job, slot)
-                    admitted.append(job)
+            try:
+                admitted = self._follow_inputs(generator, inputs)
+            except Exception as exc:  # a slot busy here, say: the ranks are out of step
+                lane.broken(f"rank 0's step could not be applied ({_first_line(exc)})")
+                return
             generator = self._advance(generator, admitted)
             if generator is None:
                 return
+
+    def _follow_inputs(self, generator: Any, inputs: StepInputs) -> list[RunningSequence]:
+        """A follower: rank 0's cancellations, and its admissions into the same slots."""
+        self._drop_cancelled(generator, set(inputs.cancelled))
+        admitted = []
+        with self._cond:
+            for request, slot, budget in inputs.admitted:
+                if slot not in self._free_slots or request.request_id in self._jobs:
+                    raise InvalidRequestError(
+                        f"slot {slot} or request {request.request_id} is busy on this rank"
+                    )
+                job = RunningSequence(request=request, sink=_discard, max_tokens=budget)
+                self._jobs[request.request_id] = job
+                self._occupy(job, slot)
+                admitted.append(job)
+        return admitted
 
     def _agree_admissions(self, generator: Any, admitted: list[RunningSequence]) -> bool:
         """Every rank runs the sequences every rank admitted: one whose admission failed on
