@@ -13,7 +13,7 @@ import typer
 
 from mlxcel.config import process_env
 
-from .common import PROFILE_OPTION, fail, resolve
+from .common import PROFILE_OPTION, fail, resolve, utf8_text
 
 if TYPE_CHECKING:
     from mlxcel.engine.image import GeneratedPicture, ImageModel, ImageRequest
@@ -154,6 +154,9 @@ def image(
         width, height = parse_size(size)
     except InvalidRequestError as exc:
         fail(f"--size: {exc}")
+    utf8_text(prompt, "the prompt")
+    if negative_prompt is not None:
+        utf8_text(negative_prompt, "--negative-prompt")
     job = ImageRequest(
         prompt=prompt,
         width=width,

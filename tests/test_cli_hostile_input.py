@@ -88,3 +88,22 @@ def test_embed_npy_to_a_directory_is_one_line(tmp_path: Path) -> None:
     out = _mlxcel("embed", "tea", "--npy", str(tmp_path))
     _one_error_line(out, f"cannot write {tmp_path}: Is a directory")
     assert list(tmp_path.parent.glob(f"{tmp_path.name}.npy")) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([NOT_UTF8], "the prompt is not UTF-8 text"),
+        (["a cat", "--negative-prompt", NOT_UTF8], "--negative-prompt is not UTF-8 text"),
+    ],
+)
+def test_image_prompts_that_are_not_utf8_are_one_line(
+    args: list[str | bytes], message: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from fixtures.tiny_image import tiny_pipeline_dir
+
+    model = tiny_pipeline_dir(tmp_path_factory.getbasetemp(), "z-image")
+    out_png = tmp_path_factory.mktemp("png") / "out.png"
+    flags = ["-m", str(model), "-o", str(out_png), "--size", "64x64", "--steps", "1"]
+    _one_error_line(_mlxcel("image", *args, *flags, "--guidance", "2"), message)
+    assert not out_png.exists()
