@@ -557,6 +557,29 @@ def test_a_flooding_client_is_bounded_and_the_session_lives(server: ServeProcess
     assert all(normalized_words(e["transcript"]) == normalized_words(SENTENCE) for e in transcripts)
 
 
+def test_cancelling_an_answer_that_waits_for_whisper_keeps_the_transcription(
+    server: ServeProcess,
+) -> None:
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = Client(ws)
+            await client.until("session.created")
+            await client.send("session.update", session=MANUAL)
+            await client.speak(speech_pcm())
+            await client.send("input_audio_buffer.commit")
+            await client.send("response.create")
+            await client.send("response.cancel")  # while the answer waits for the words
+            await client.until("response.done")
+            await client.until("conversation.item.input_audio_transcription.completed")
+            return client
+
+    client = run(scenario())
+    assert [e["response"]["status"] for e in client.of("response.done")] == ["cancelled"]
+    (done,) = client.of("conversation.item.input_audio_transcription.completed")
+    assert normalized_words(done["transcript"]) == normalized_words(SENTENCE)
+    assert not client.of("conversation.item.input_audio_transcription.failed")
+
+
 # ------------------------------------------------------------------ access and limits
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from realtime_client import check_event
 
+from mlxcel.engine.audio.transcribe import Transcription
 from mlxcel.server.realtime.conversation import (
     MAX_CONVERSATION_CHARS,
     MAX_TEXT_CHARS,
@@ -147,3 +148,33 @@ def test_the_conversation_keeps_a_bounded_amount_of_text() -> None:
     assert ids[0] == "first" and ids[-1] == f"i{many - 1}"
     assert "i0" not in ids and "i1" not in ids and "i2" not in ids
     assert [e["param"] for e in _errors(events)] == ["item.content"]
+
+
+def test_a_response_cancelled_while_it_waits_leaves_the_transcription_running() -> None:
+    session, events = _session()
+    worker: Any = session.worker
+
+    async def scenario() -> None:
+        await session.handle({"type": "session.update", "session": {"turn_detection": None}})
+        await session.handle(
+            {"type": "input_audio_buffer.append", "audio": _audio_item(0.5)["content"][0]["audio"]}
+        )
+        await session.handle({"type": "input_audio_buffer.commit"})
+        await session.handle({"type": "response.create"})  # waits for the user's words
+        while not worker.futures:
+            await asyncio.sleep(0.01)
+        await session.handle({"type": "response.cancel"})  # a barge-in, say
+        worker.futures[0].set_result(Transcription("Hello there.", "en", 0.5, "transcribe", []))
+        while session.busy:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds
+    done = [e for e in events if e["type"] == "response.done"]
+    assert [e["response"]["status"] for e in done] == ["cancelled"]
+    completed = [
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    assert [e["transcript"] for e in completed] == ["Hello there."]
+    assert session.items[0]["content"][0]["transcript"] == "Hello there."

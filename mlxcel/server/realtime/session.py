@@ -448,8 +448,8 @@ class RealtimeSession:
     async def _respond(self, response: RealtimeResponse) -> None:
         try:
             pending = list(self._transcriptions)
-            if pending:  # the answer needs the user's words
-                await asyncio.gather(*pending, return_exceptions=True)
+            if pending:  # the answer needs the user's words (a cancelled answer still gets them)
+                await asyncio.wait(pending)
             try:
                 status, details = await response.run()
             except APIError as exc:
