@@ -11,9 +11,12 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+import pytest
 from realtime_client import check_event
 
 from mlxcel.engine.audio.transcribe import Transcription
+from mlxcel.engine.text.request import GenerationEvent
+from mlxcel.server.realtime import response as response_module
 from mlxcel.server.realtime.conversation import (
     MAX_CONVERSATION_CHARS,
     MAX_TEXT_CHARS,
@@ -178,3 +181,53 @@ def test_a_response_cancelled_while_it_waits_leaves_the_transcription_running() 
     ]
     assert [e["transcript"] for e in completed] == ["Hello there."]
     assert session.items[0]["content"][0]["transcript"] == "Hello there."
+
+
+class _FailingSplitter:
+    """An output splitter with a bug: it raises on the answer's first text."""
+
+    def feed(self, text: str) -> list[Any]:
+        raise RuntimeError("splitter bug")
+
+    def finish(self) -> list[Any]:
+        return []
+
+
+class _FailingChatCore:
+    """Admits every request; its answer's text breaks the splitter."""
+
+    closed = 0
+
+    def __init__(self, state: object) -> None:
+        pass
+
+    async def start(self, request: object, raw: object) -> Any:
+        async def stream() -> Any:
+            yield GenerationEvent(request_id="r", text="Hello there. ")
+
+        class Job:
+            request = type("Request", (), {"request_id": "r"})()
+
+            def close(self) -> None:
+                _FailingChatCore.closed += 1
+
+        plan = type("Plan", (), {"stream": lambda self, request_id: _FailingSplitter()})()
+        return type("Admitted", (), {"plan": plan, "stream": stream(), "job": Job()})()
+
+
+def test_a_response_that_fails_leaves_no_task_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(response_module, "ChatCore", _FailingChatCore)
+    session, events = _session()
+
+    async def scenario() -> set[asyncio.Task[Any]]:
+        await session.handle({"type": "response.create"})
+        while session.busy:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+    left = asyncio.run(scenario())
+    assert not left, left
+    done = [e for e in events if e["type"] == "response.done"]
+    assert [e["response"]["status"] for e in done] == ["failed"]
+    assert _FailingChatCore.closed == 1

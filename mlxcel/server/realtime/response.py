@@ -170,6 +170,9 @@ class RealtimeResponse:
                     outputs += splitter.finish()
                 for output in outputs:
                     await self._output(output)
+        except Exception:  # a bug: the speaker, waiting for sentences, must not be left behind
+            await self._stop_speaking()
+            raise
         finally:
             admitted.job.close()
         assert final is not None
