@@ -185,6 +185,32 @@ def test_ssl_key_without_cert_is_refused(tmp_path: Path) -> None:
     assert "--ssl-cert-file" in result.stderr.strip().splitlines()[-1]
 
 
+def test_ssl_files_that_are_no_certificate_and_key_are_one_line(tmp_path: Path) -> None:
+    """Files that exist but hold no PEM certificate and key (or a key of another
+    certificate): uvicorn failed on them after the model loaded, exit 1 with nothing said."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    pairs = {}
+    for name in ("a", "b"):
+        key, cert = tmp_path / f"{name}-key.pem", tmp_path / f"{name}-cert.pem"
+        subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+             "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        pairs[name] = (key, cert)
+    junk = tmp_path / "junk.pem"
+    junk.write_bytes(b"RIFF not a certificate")
+    (key_a, cert_a), (key_b, _) = pairs["a"], pairs["b"]
+    for key, cert in ((junk, junk), (junk, cert_a), (key_a, junk), (key_b, cert_a)):
+        args = ("--ssl-key-file", str(key), "--ssl-cert-file", str(cert), "--port", "0")
+        result = run_cli(*args, "-m", "/nonexistent.gguf")  # refused before the model
+        assert result.returncode == 2, (key.name, cert.name, result.stderr)
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith("mlxcel: error: --ssl-cert-file/--ssl-key-file: not a PEM")
+
+
 @pytest.mark.slow
 def test_default_model_end_to_end(smollm2_gguf: Path) -> None:
     """No -m: the embedded SmolLM2 answers through the OpenAI route (a few tokens)."""

@@ -15,6 +15,7 @@ import gc
 import logging
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -55,7 +56,8 @@ LISTENING_PREFIX = "mlxcel: listening on "
 
 
 def check_ssl(settings: Settings) -> None:
-    """`--ssl-key-file` needs `--ssl-cert-file`, and both must be readable files."""
+    """`--ssl-key-file` needs `--ssl-cert-file`, both must be readable files, and they must
+    load as a certificate and its key (uvicorn, failing on them later, exits 1 silently)."""
     from mlxcel.config import SettingsError
 
     key, cert = settings.ssl_key_file, settings.ssl_cert_file
@@ -64,6 +66,17 @@ def check_ssl(settings: Settings) -> None:
     for label, value in (("--ssl-cert-file", cert), ("--ssl-key-file", key)):
         if value and not Path(value).expanduser().is_file():
             raise SettingsError(f"{label}: file not found: {value}")
+    if cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:  # no passphrase prompt: uvicorn is given none either
+            context.load_cert_chain(
+                Path(cert).expanduser(), Path(key).expanduser() if key else None, lambda: b""
+            )
+        except (ssl.SSLError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+            raise SettingsError(
+                f"--ssl-cert-file/--ssl-key-file: not a PEM certificate and its key ({reason})"
+            ) from None
 
 
 def _log_level(settings: Settings) -> str:
