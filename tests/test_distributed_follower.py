@@ -29,6 +29,7 @@ class _ScriptedLane:
         self.steps = steps
         self.failure: str | None = None
         self.on_broken: Callable[[str], None] | None = None
+        self.prefixes: list[int] = []  # the cached prefixes this rank agreed on
 
     def share(self, inputs: StepInputs | None = None) -> StepInputs:
         return self.steps.pop(0) if self.steps else StepInputs(stop=True)
@@ -37,6 +38,7 @@ class _ScriptedLane:
         return values
 
     def agree_prefix(self, n: int) -> tuple[int, int]:
+        self.prefixes.append(n)
         return n, n
 
     def shared_sampler(
@@ -64,14 +66,18 @@ def _request(request_id: str) -> GenerationRequest:
         max_tokens=50,
         sampling=SamplingParams(temperature=0.0),
         ignore_eos=True,
-        cache_prompt=False,
+        cache_prompt=True,
         request_id=request_id,
     )
 
 
-def _follow(tiny_llama_dir: Path, steps: list[StepInputs]) -> str | None:
-    lane: Any = _ScriptedLane(steps)
-    engine = TextEngine(load_model(str(tiny_llama_dir)), slots=2, distributed=lane)
+def _follow(
+    tiny_llama_dir: Path, steps: list[StepInputs], lane: Any = None, prompt_cache: Any = None
+) -> str | None:
+    lane = lane or _ScriptedLane(steps)
+    engine = TextEngine(
+        load_model(str(tiny_llama_dir)), slots=2, distributed=lane, prompt_cache=prompt_cache
+    )
     try:
         return engine.follow()
     finally:
@@ -95,3 +101,21 @@ def test_steps_in_step_end_with_rank_0s_stop(tiny_llama_dir: Path) -> None:
         StepInputs(admitted=[(_request("c"), 0, 50)]),
     ]
     assert _follow(tiny_llama_dir, steps) is None
+
+
+class _BrokenCache:
+    """A prompt cache whose lookups fail on this rank (a damaged entry, memory)."""
+
+    def lookup(self, tokens: list[int], slot: int | None = None) -> tuple[None, int]:
+        raise MemoryError("no memory for the cached prefix")
+
+    def insert(self, tokens: list[int], cache: list[Any], slot: int | None = None) -> bool:
+        return False
+
+
+def test_a_failed_cache_lookup_still_takes_part_in_the_prefix_agreement(
+    tiny_llama_dir: Path,
+) -> None:
+    lane = _ScriptedLane([StepInputs(admitted=[(_request("a"), 0, 50)])])
+    assert _follow(tiny_llama_dir, [], lane, _BrokenCache()) is None
+    assert lane.prefixes == [0]  # this rank agreed (on nothing cached), as rank 0 waits for

@@ -49,7 +49,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
@@ -515,7 +515,18 @@ class TextEngine(Sleeps, Generic[LoadedT]):
             if low == 0:
                 cache, n = None, 0
             else:
-                cache, n = self.prompt_cache.lookup(tokens[: low + 1], slot=slot)
+                cache, n = self._lookup(tokens[: low + 1], slot)
+
+    def _lookup(self, tokens: Sequence[int], slot: int | None) -> tuple[list[Any] | None, int]:
+        """The prompt cache's longest prefix of `tokens`; in a group of ranks a lookup that
+        fails holds nothing (the ranks' agreement on the prefix must still happen)."""
+        try:
+            return self.prompt_cache.lookup(tokens, slot=slot)
+        except Exception:
+            if self._lane is None:
+                raise
+            log.exception("prompt cache lookup failed; starting without a cached prefix")
+            return None, 0
 
     def _fall_asleep(self) -> None:
         """Engine thread: free the model, its caches and the prompt cache."""
@@ -609,7 +620,7 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         if not self._caching(job):
             return None
         pinned = job.slot if job.request.id_slot >= 0 else None  # starts from its slot's KV
-        cache, job.cache_n = self.prompt_cache.lookup(job.request.prompt_tokens, slot=pinned)
+        cache, job.cache_n = self._lookup(job.request.prompt_tokens, pinned)
         if self._lane is not None:
             tokens = list(job.request.prompt_tokens)
             cache, job.cache_n = self._agreed_prefix(tokens, cache, job.cache_n, pinned)
