@@ -252,6 +252,19 @@ def test_api_key_file(tmp_path: Path) -> None:
     _one_line_error(e, "--api-key-file")
 
 
+def test_api_key_file_with_no_key_or_no_text_is_one_line(tmp_path: Path) -> None:
+    """An empty key file served with no auth at all; bytes that are no UTF-8 were a
+    UnicodeDecodeError traceback at start."""
+    empty, blank, latin = tmp_path / "empty", tmp_path / "blank", tmp_path / "latin"
+    empty.write_bytes(b"")
+    blank.write_bytes(b"\n  \n")
+    latin.write_bytes(b"cl\xe9\n")
+    for path, needle in ((empty, "holds no key"), (blank, "holds no key"), (latin, "UTF-8")):
+        with pytest.raises(SettingsError) as e:
+            resolve_settings(env={}, cli={"api_key_file": str(path)})
+        _one_line_error(e, "--api-key-file", needle)
+
+
 def test_import_stays_light() -> None:
     code = (
         "import sys, mlxcel.config\n"

@@ -99,7 +99,14 @@ def _check_api_key_file(settings: Settings, sources: dict[str, str]) -> None:
     path = settings.api_key_file
     if not path:
         return
+    src = sources["api_key_file"]
+    where = src.removeprefix("env:") if src.startswith("env:") else cli_label("api_key_file")
     if not Path(path).expanduser().is_file():
-        src = sources["api_key_file"]
-        where = src.removeprefix("env:") if src.startswith("env:") else cli_label("api_key_file")
         raise SettingsError(f"{where}: API key file not found: {path}")
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise SettingsError(f"{where}: cannot read API key file {path}: {reason}") from None
+    if not text.strip():  # serving with no key at all is not what the flag asked for
+        raise SettingsError(f"{where}: API key file {path} holds no key (one a line)")
