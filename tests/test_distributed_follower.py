@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import pytest
 
 from mlxcel.engine.distributed.lane import StepInputs
 from mlxcel.engine.loading import load_model
@@ -119,3 +120,13 @@ def test_a_failed_cache_lookup_still_takes_part_in_the_prefix_agreement(
     lane = _ScriptedLane([StepInputs(admitted=[(_request("a"), 0, 50)])])
     assert _follow(tiny_llama_dir, [], lane, _BrokenCache()) is None
     assert lane.prefixes == [0]  # this rank agreed (on nothing cached), as rank 0 waits for
+
+
+def test_every_rank_samples_batched_whatever_its_environment(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLXCEL_BATCHED_SAMPLING", "0")  # on this host only, say
+    lane: Any = _ScriptedLane([])
+    loaded = load_model(str(tiny_llama_dir))
+    assert TextEngine(loaded, distributed=lane).batched_sampling
+    assert not TextEngine(loaded).batched_sampling

@@ -163,7 +163,9 @@ class TextEngine(Sleeps, Generic[LoadedT]):
         if speculation is not None:
             self._spec = self._speculative_lane(speculation)
         if batched_sampling is None:
-            batched_sampling = process_env.batched_sampling()
+            # Every rank must make the same sampler calls (each one an all_sum), and each
+            # host has its own environment: a split model always samples batched.
+            batched_sampling = distributed is not None or process_env.batched_sampling()
         self.batched_sampling = batched_sampling
         self._batch_sampler: Any = None  # sampling.batched.BatchSampler (engine thread only)
         self._rows: Any = None  # batch_rows.BatchRows for the current generator
