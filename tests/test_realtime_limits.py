@@ -137,6 +137,14 @@ def test_the_conversation_keeps_a_bounded_amount_of_text() -> None:
                 "item": _text_item("first", MAX_TEXT_CHARS),
             }
         )
+        # One placed after the oldest, which then makes room: it is said to come first.
+        await session.handle(
+            {
+                "type": "conversation.item.create",
+                "previous_item_id": "first",
+                "item": _text_item("second", MAX_TEXT_CHARS),
+            }
+        )
         # One item larger than the whole budget, in many parts, is refused.
         huge = {
             "type": "message",
@@ -148,8 +156,9 @@ def test_the_conversation_keeps_a_bounded_amount_of_text() -> None:
     asyncio.run(scenario())
     assert sum(item_chars(i) for i in session.items) <= MAX_CONVERSATION_CHARS
     ids = [i["id"] for i in session.items]
-    assert ids[0] == "first" and ids[-1] == f"i{many - 1}"
-    assert "i0" not in ids and "i1" not in ids and "i2" not in ids
+    assert ids[0] == "second" and ids[1] == "i3" and ids[-1] == f"i{many - 1}"
+    added = [e for e in events if e["type"] == "conversation.item.added"]
+    assert (added[-1]["item"]["id"], added[-1]["previous_item_id"]) == ("second", None)
     assert [e["param"] for e in _errors(events)] == ["item.content"]
 
 

@@ -359,7 +359,6 @@ class RealtimeSession:
                     param="previous_item_id",
                 )
             at = found[0] + 1
-        previous = self.items[at - 1]["id"] if at else None
         self.items.insert(at, item)
         chars = sum(item_chars(i) for i in self.items)
         while len(self.items) > 1 and (
@@ -368,7 +367,8 @@ class RealtimeSession:
             oldest = self.items.pop(1 if self.items[0] is item else 0)
             chars -= item_chars(oldest)
             self.spoken.pop(oldest["id"], None)
-        return previous
+        at = self.items.index(item)  # the item before it may have been dropped
+        return self.items[at - 1]["id"] if at else None
 
     def _transcribe(self, item: dict[str, Any], parts: list[tuple[int, np.ndarray]]) -> None:
         task = asyncio.ensure_future(self._transcription(item, parts))
