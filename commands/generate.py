@@ -374,6 +374,8 @@ def _chat_template(path: str | None, text: str | None, jinja: bool) -> str | Non
                 text = f.read()
         except OSError as exc:
             fail(f"cannot read chat template file {path}: {exc.strerror or exc}")
+        except UnicodeDecodeError:
+            fail(f"cannot read chat template file {path}: not UTF-8 text")
     if not text:
         return None
     try:

@@ -107,3 +107,14 @@ def test_image_prompts_that_are_not_utf8_are_one_line(
     flags = ["-m", str(model), "-o", str(out_png), "--size", "64x64", "--steps", "1"]
     _one_error_line(_mlxcel("image", *args, *flags, "--guidance", "2"), message)
     assert not out_png.exists()
+
+
+def test_chat_template_file_that_is_not_utf8_is_one_line(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    template = tmp_path / "latin.jinja"
+    template.write_bytes(b"{{ 'caf\xe9' }}")
+    out = _mlxcel(
+        "generate", "-m", str(tiny_llama_dir), "--chat-template-file", str(template), "hi"
+    )
+    _one_error_line(out, f"cannot read chat template file {template}: not UTF-8 text")

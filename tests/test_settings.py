@@ -265,6 +265,28 @@ def test_api_key_file_with_no_key_or_no_text_is_one_line(tmp_path: Path) -> None
         _one_line_error(e, "--api-key-file", needle)
 
 
+def test_api_key_that_is_not_utf8_is_one_line() -> None:
+    """Bytes on argv or in the environment that are no UTF-8 reach Python as lone
+    surrogates; the key was a UnicodeEncodeError traceback when the server started."""
+    with pytest.raises(SettingsError) as e:
+        resolve_settings(env={}, cli={"api_key": ["good", "bad\udcff"]})
+    _one_line_error(e, "--api-key", "not UTF-8")
+    with pytest.raises(SettingsError) as e:
+        resolve_settings(env={"LLAMA_API_KEY": "\udcff"})
+    _one_line_error(e, "LLAMA_API_KEY", "not UTF-8")
+
+
+def test_chat_template_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    from mlxcel.server.boot import chat_template_text
+
+    template = tmp_path / "latin.jinja"
+    template.write_bytes(b"{{ 'caf\xe9' }}")
+    settings = resolve_settings(env={}, cli={"chat_template_file": str(template)}).settings
+    with pytest.raises(SettingsError) as e:
+        chat_template_text(settings)
+    _one_line_error(e, "--chat-template-file", "not UTF-8")
+
+
 def test_import_stays_light() -> None:
     code = (
         "import sys, mlxcel.config\n"

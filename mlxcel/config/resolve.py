@@ -86,6 +86,7 @@ def resolve_settings(
     except ValueError as exc:  # cross-field checks; per-field ones passed above
         raise SettingsError(f"settings: {exc}") from None
     _check_api_key_file(settings, sources)
+    _check_api_keys(settings, sources)
     return ResolvedSettings(
         settings=settings,
         sources=sources,
@@ -93,6 +94,18 @@ def resolve_settings(
         profile_location=loaded.location if loaded else None,
         warnings=env_warnings(env),
     )
+
+
+def _check_api_keys(settings: Settings, sources: dict[str, str]) -> None:
+    """A key given as bytes that are no UTF-8 (kept as lone surrogates) cannot be compared
+    with a request's header: refused here, not a traceback when the server starts."""
+    for key in settings.api_key:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            src = sources["api_key"]
+            where = src.removeprefix("env:") if src.startswith("env:") else cli_label("api_key")
+            raise SettingsError(f"{where}: a key is not UTF-8 text") from None
 
 
 def _check_api_key_file(settings: Settings, sources: dict[str, str]) -> None:

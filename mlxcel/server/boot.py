@@ -79,9 +79,10 @@ def chat_template_text(settings: Settings) -> str | None:
         path = Path(settings.chat_template_file).expanduser()
         try:
             template: str | None = path.read_text(encoding="utf-8")
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
             raise SettingsError(
-                f"--chat-template-file: cannot read {path.name}: {exc.strerror or exc}"
+                f"--chat-template-file: cannot read {path.name}: {reason or exc}"
             ) from None
     else:
         template = settings.chat_template
