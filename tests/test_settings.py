@@ -265,15 +265,22 @@ def test_api_key_file_with_no_key_or_no_text_is_one_line(tmp_path: Path) -> None
         _one_line_error(e, "--api-key-file", needle)
 
 
-def test_api_key_that_is_not_utf8_is_one_line() -> None:
+def test_text_settings_that_are_not_utf8_are_one_line() -> None:
     """Bytes on argv or in the environment that are no UTF-8 reach Python as lone
     surrogates; the key was a UnicodeEncodeError traceback when the server started."""
     with pytest.raises(SettingsError) as e:
         resolve_settings(env={}, cli={"api_key": ["good", "bad\udcff"]})
-    _one_line_error(e, "--api-key", "not UTF-8")
+    _one_line_error(e, "--api-key: not UTF-8")
     with pytest.raises(SettingsError) as e:
         resolve_settings(env={"LLAMA_API_KEY": "\udcff"})
-    _one_line_error(e, "LLAMA_API_KEY", "not UTF-8")
+    _one_line_error(e, "LLAMA_API_KEY: not UTF-8")
+    # an --alias (or a model file's name) of such bytes made every reply a 500
+    with pytest.raises(SettingsError) as e:
+        resolve_settings(env={}, cli={"alias": "m\udcff"})
+    _one_line_error(e, "--alias: not UTF-8")
+    with pytest.raises(SettingsError) as e:
+        resolve_settings(env={"LLAMA_ARG_MODEL": "/models/m\udcff.gguf"})
+    _one_line_error(e, "LLAMA_ARG_MODEL: not UTF-8")
 
 
 def test_chat_template_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:

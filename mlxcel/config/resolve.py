@@ -86,7 +86,7 @@ def resolve_settings(
     except ValueError as exc:  # cross-field checks; per-field ones passed above
         raise SettingsError(f"settings: {exc}") from None
     _check_api_key_file(settings, sources)
-    _check_api_keys(settings, sources)
+    _check_text(settings, sources)
     return ResolvedSettings(
         settings=settings,
         sources=sources,
@@ -96,16 +96,22 @@ def resolve_settings(
     )
 
 
-def _check_api_keys(settings: Settings, sources: dict[str, str]) -> None:
-    """A key given as bytes that are no UTF-8 (kept as lone surrogates) cannot be compared
-    with a request's header: refused here, not a traceback when the server starts."""
-    for key in settings.api_key:
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError:
-            src = sources["api_key"]
-            where = src.removeprefix("env:") if src.startswith("env:") else cli_label("api_key")
-            raise SettingsError(f"{where}: a key is not UTF-8 text") from None
+def _check_text(settings: Settings, sources: dict[str, str]) -> None:
+    """Every text setting must be UTF-8. Bytes on argv or in the environment that are not
+    reach Python as lone surrogates, which no reply can carry: an `--alias` of them made
+    every request a 500, an `--api-key` a traceback at start. A path too (a model's file
+    name becomes its served name)."""
+    for name, value in settings:
+        texts = value if isinstance(value, (list, tuple)) else (value,)
+        for text in texts:
+            if not isinstance(text, str):
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                src = sources.get(name, "")
+                where = src.removeprefix("env:") if src.startswith("env:") else cli_label(name)
+                raise SettingsError(f"{where}: not UTF-8 text") from None
 
 
 def _check_api_key_file(settings: Settings, sources: dict[str, str]) -> None:
