@@ -107,6 +107,24 @@ class Sessions:
     def __init__(self) -> None:
         self.open = 0
 
+    def full(self, settings: Settings) -> bool:
+        """Whether another session would be past `--realtime-max-sessions`."""
+        return self.open >= settings.realtime_max_sessions
+
+
+async def _accept(websocket: WebSocket) -> None:
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+
+
+async def refuse_full(websocket: WebSocket, settings: Settings) -> None:
+    """Accept the upgrade and close it at once with 1013 (too many sessions)."""
+    await _accept(websocket)
+    await websocket.close(
+        code=TRY_AGAIN_LATER,
+        reason=f"too many realtime sessions (at most {settings.realtime_max_sessions})",
+    )
+
 
 def _sessions(websocket: WebSocket) -> Sessions:
     app_state = websocket.app.state
@@ -147,17 +165,13 @@ async def run_session(
 ) -> None:
     """Accept the upgrade and serve one session: `state`'s chat model answers, `stt`
     transcribes and `tts` speaks; `settings` (by default `state`'s) set its limits."""
-    offered = websocket.scope.get("subprotocols") or []
-    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     settings = settings or state.settings
-    if sessions.open >= settings.realtime_max_sessions:
-        await websocket.close(
-            code=TRY_AGAIN_LATER,
-            reason=f"too many realtime sessions (at most {settings.realtime_max_sessions})",
-        )
+    if sessions.full(settings):
+        await refuse_full(websocket, settings)
         return
-    sessions.open += 1
+    sessions.open += 1  # before the accept's wait: a session arriving meanwhile sees it
     try:
+        await _accept(websocket)
         await _serve(websocket, state, stt, tts, settings)
     finally:
         sessions.open -= 1

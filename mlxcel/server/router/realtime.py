@@ -21,7 +21,13 @@ from starlette.websockets import WebSocket
 
 from mlxcel.config import Settings
 from mlxcel.server.errors import APIError, error_response
-from mlxcel.server.realtime.routes import Sessions, deny, key_refusal, run_session
+from mlxcel.server.realtime.routes import (
+    Sessions,
+    deny,
+    key_refusal,
+    refuse_full,
+    run_session,
+)
 from mlxcel.server.router.dispatch import REALTIME_PATHS, checkout
 from mlxcel.server.router.pool import ModelPool, ModelStatus, RoutedModel, Service
 
@@ -76,6 +82,9 @@ async def serve_realtime(
     refusal = key_refusal(websocket, settings)
     if refusal is not None:
         await deny(websocket, refusal)
+        return
+    if sessions.full(settings):  # before any model loads for it
+        await refuse_full(websocket, settings)
         return
     held: list[tuple[RoutedModel, Service]] = []
     try:

