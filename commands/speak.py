@@ -54,13 +54,20 @@ def _load(ref: str | None, quiet: bool) -> KokoroModel:
 
 
 def _play(wav: bytes, player: list[str]) -> None:
+    """Play `wav`, or one line and exit 1. Every player here is silent when it plays, and
+    ffplay exits 0 even when it opens no audio device, so anything on its stderr fails."""
+    name = Path(player[0]).name
     with tempfile.NamedTemporaryFile(suffix=".wav") as handle:
         handle.write(wav)
         handle.flush()
         try:
-            subprocess.run([*player, handle.name], check=True)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            fail(f"{Path(player[0]).name} could not play the audio ({exc})")
+            done = subprocess.run([*player, handle.name], capture_output=True, text=True)
+        except OSError as exc:
+            fail(f"{name} could not play the audio ({exc.strerror or exc})", 1)
+    said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    if done.returncode != 0 or said:
+        reason = said[-1] if said else f"exit status {done.returncode}"
+        fail(f"{name} could not play the audio ({reason}); use -o out.wav", 1)
 
 
 def speak(
@@ -127,6 +134,8 @@ def speak(
             Path(output).write_bytes(wav)
         except OSError as exc:
             fail(f"cannot write {output}: {exc.strerror or exc}")
+    if player is not None:
+        _play(wav, player)
     if not quiet and output != "-":
         where = output if output is not None else "the speakers"
         print(
@@ -134,5 +143,3 @@ def speak(
             f"{speech.sample_rate} Hz) → {where}",
             file=sys.stderr,
         )
-    if player is not None:
-        _play(wav, player)

@@ -118,3 +118,53 @@ def test_chat_template_file_that_is_not_utf8_is_one_line(
         "generate", "-m", str(tiny_llama_dir), "--chat-template-file", str(template), "hi"
     )
     _one_error_line(out, f"cannot read chat template file {template}: not UTF-8 text")
+
+
+def _fake_player(folder: Path, name: str, stderr: str, status: int) -> Path:
+    """A `name` first on PATH that writes `stderr` and exits `status` (ffplay, with no audio
+    device, says so and exits 0). afplay is the first player mlxcel looks for."""
+    folder.mkdir(exist_ok=True)
+    script = folder / name
+    script.write_text(f"#!/bin/sh\nprintf '{stderr}' >&2\nexit {status}\n")
+    script.chmod(0o755)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("stderr", "status", "reason"),
+    [
+        ("audio open failed\\nFailed to open file\\n", 0, "Failed to open file"),
+        ("", 3, "exit status 3"),
+    ],
+)
+def test_speak_that_cannot_play_fails(
+    stderr: str, status: int, reason: str, tmp_path: Path
+) -> None:
+    from fixtures.audio import tiny_kokoro_dir
+
+    path = _fake_player(tmp_path / "bin", "afplay", stderr, status)
+    out = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "speak", "-m", str(tiny_kokoro_dir()), "hello"],
+        capture_output=True,
+        timeout=180,
+        env={**os.environ, "PATH": f"{path}{os.pathsep}{os.environ['PATH']}"},
+    )
+    err = out.stderr.decode()
+    assert out.returncode == 1, err
+    assert err.strip().splitlines() == [
+        f"mlxcel: error: afplay could not play the audio ({reason}); use -o out.wav"
+    ]
+
+
+def test_speak_that_plays_says_so_after(tmp_path: Path) -> None:
+    from fixtures.audio import tiny_kokoro_dir
+
+    path = _fake_player(tmp_path / "bin", "afplay", "", 0)
+    out = subprocess.run(
+        [sys.executable, "-m", "mlxcel", "speak", "-m", str(tiny_kokoro_dir()), "hello"],
+        capture_output=True,
+        timeout=180,
+        env={**os.environ, "PATH": f"{path}{os.pathsep}{os.environ['PATH']}"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.decode().strip().endswith("→ the speakers")
