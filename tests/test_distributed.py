@@ -260,6 +260,28 @@ def test_lost_follower_makes_rank_0_refuse_work(tiny_llama_dir: Path, how: int) 
             os.kill(group.pid_of_rank(1), signal.SIGCONT)  # so that it can be stopped
 
 
+def test_frozen_rank_0_makes_the_follower_leave(tiny_llama_dir: Path) -> None:
+    """Rank 0 frozen with SIGSTOP (its sockets stay open; without the launcher): the
+    follower, blocked in a collective, hears no step for --distributed-timeout seconds and
+    its watchdog ends it, exit 1, with one line."""
+    args = ["-m", str(tiny_llama_dir), *SERVE, "--distributed-timeout", "3"]
+    with RankGroup(args, launcher=False) as group:
+        with group.client(timeout=10) as client:
+            assert _complete(client, _tokenize(client, PROMPTS[0]))["tokens"]
+        os.kill(group.pid_of_rank(0), signal.SIGSTOP)
+        try:
+            frozen = time.monotonic()
+            assert group.procs[1].wait(3 + 10) == 1, group.output
+            assert time.monotonic() - frozen < 3 + 10
+        finally:
+            os.kill(group.pid_of_rank(0), signal.SIGCONT)  # so that it can be stopped
+        for reader in group._readers[1:]:
+            reader.join(2)
+        lines = [line for line in group.output.splitlines() if "sent no step" in line]
+        assert lines == ["mlxcel: error: rank 1: rank 0 sent no step for 3 s; leaving the group"]
+        assert "Traceback" not in group.output
+
+
 def test_stopping_rank_0_stops_the_followers(tiny_llama_dir: Path) -> None:
     """SIGTERM to rank 0 alone: it drains, tells the other ranks to stop, and all exit 0."""
     with RankGroup(["-m", str(tiny_llama_dir), *SERVE], launcher=False) as group:

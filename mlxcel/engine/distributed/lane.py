@@ -16,7 +16,10 @@ the hidden state passed rank to rank). Three more agreements keep the ranks in s
   that died is noticed; a collective that fails ("connection to a peer was lost") or that
   has not returned within `timeout` seconds (a watchdog thread) breaks the lane: rank 0's
   engine fails its requests and refuses new ones (`GroupBrokenError`, HTTP 503) and
-  `/health` answers 503. A follower whose rank 0 is gone stops with an error.
+  `/health` answers 503. A follower whose rank 0 is gone stops with an error; one whose
+  rank 0 froze with its connections open (no step for `timeout` seconds, though rank 0
+  sends one every `heartbeat` when idle) is blocked in a collective that nothing can
+  interrupt, so its watchdog ends the process (exit 1).
 
 Every collective runs on the engine thread, over mx.distributed, on the stream the forwards
 run on (mlx-lm's `generation_stream`): collectives on two streams would run concurrently
@@ -28,13 +31,15 @@ new inputs: nothing more is sent).
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from mlxcel.engine.distributed.group import GroupBrokenError, Ranks
 
@@ -91,8 +96,8 @@ class DistributedLane:
         return self.ranks.leader
 
     def start_watchdog(self) -> None:
-        """Rank 0: watch every collective against `timeout` (idempotent)."""
-        if self.leader and self._watchdog is None:
+        """Watch every collective against `timeout` (idempotent)."""
+        if self._watchdog is None:
             self._watchdog = threading.Thread(
                 target=self._watch, name="mlxcel-distributed-watchdog", daemon=True
             )
@@ -201,6 +206,8 @@ class DistributedLane:
             with self._lock:
                 since = self._since
             if since is not None and time.monotonic() - since > self.timeout:
+                if not self.leader:
+                    self._leave_group()
                 self.broken(
                     f"a rank of the distributed group stopped answering "
                     f"(no reply within {self.timeout:g} s)"
@@ -209,9 +216,25 @@ class DistributedLane:
             if self.failure is not None:
                 return
 
+    def _leave_group(self) -> NoReturn:
+        """A follower that heard no step from rank 0 for `timeout` seconds: its engine
+        thread is blocked in a collective (native code, which no Python exception
+        interrupts), so this ends the process, exit 1, after one line on stderr."""
+        line = (
+            f"mlxcel: error: rank {self.ranks.rank}: rank 0 sent no step for "
+            f"{self.timeout:g} s; leaving the group\n"
+        )
+        for stream in (sys.stdout, sys.stderr):  # os._exit flushes nothing
+            with suppress(OSError, ValueError):
+                stream.flush()
+        try:
+            os.write(2, line.encode())
+        finally:
+            os._exit(1)
+
 
 def lane_for(ranks: Ranks | None, timeout: float) -> DistributedLane | None:
-    """The engine's lane for `ranks` (None alone), its watchdog running on rank 0."""
+    """The engine's lane for `ranks` (None alone), its watchdog running."""
     if ranks is None:
         return None
     lane = DistributedLane(ranks, timeout=timeout)
