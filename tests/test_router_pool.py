@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import threading
 import time
 import weakref
@@ -222,7 +223,12 @@ def test_models_dir_names_as_llama_server(tmp_path: Path) -> None:
     (tmp_path / "readme.txt").write_text("x")
     (tmp_path / ".hidden.gguf").write_bytes(b"GGUF")
     (tmp_path / "empty").mkdir()
-    found = scan_models_dir(tmp_path)
+    # a name that is no UTF-8 would be no JSON model id (GET /models answered 500)
+    with open(os.path.join(os.fsencode(tmp_path), b"latin-\xe9.gguf"), "wb") as bad:
+        bad.write(b"GGUF")
+    warnings: list[str] = []
+    found = scan_models_dir(tmp_path, warnings)
+    assert warnings == ["--models-dir: skipping 'latin-\ufffd.gguf': its name is not UTF-8"]
     assert found == {
         "Qwen3-8B-Q4_K_M": str(tmp_path / "Qwen3-8B-Q4_K_M.gguf"),
         "my-mlx-model": str(mlx),

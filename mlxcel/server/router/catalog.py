@@ -103,10 +103,11 @@ def build_catalog(settings: Settings, cli_fields: Collection[str] = ()) -> Catal
     """The router's models from `--models-dir` and `--models-preset` (SettingsError when the
     directory or preset cannot be read, or a preset model has no `model`)."""
     found: dict[str, str] = {}
+    warnings: list[str] = []
     if settings.models_dir:
-        found = scan_models_dir(Path(settings.models_dir).expanduser())
+        found = scan_models_dir(Path(settings.models_dir).expanduser(), warnings)
     preset = read_preset(settings.models_preset) if settings.models_preset else None
-    warnings = list(preset.warnings) if preset else []
+    warnings += preset.warnings if preset else []
     sections = {s.name: s for s in preset.sections} if preset else {}
     sources = dict.fromkeys(found, "models_dir")
     for name, section in sections.items():
@@ -128,13 +129,19 @@ def build_catalog(settings: Settings, cli_fields: Collection[str] = ()) -> Catal
     return Catalog(entries, warnings)
 
 
-def scan_models_dir(root: Path) -> dict[str, str]:
-    """Model name -> reference, for every model in `root` (see the module doc)."""
+def scan_models_dir(root: Path, warnings: list[str] | None = None) -> dict[str, str]:
+    """Model name -> reference, for every model in `root` (see the module doc); an entry
+    whose name is not UTF-8 (it could be no JSON model id) is skipped with a warning."""
     if not root.is_dir():
         raise SettingsError(f"--models-dir: {root}: no such directory")
     found: dict[str, str] = {}
     for path in sorted(root.iterdir()):
         if path.name.startswith("."):
+            continue
+        if not _utf8(path.name):
+            if warnings is not None:
+                shown = path.name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                warnings.append(f"--models-dir: skipping {shown!r}: its name is not UTF-8")
             continue
         if path.is_file() and path.suffix == ".gguf":
             found[path.name[: -len(".gguf")]] = str(path)
@@ -147,6 +154,14 @@ def scan_models_dir(root: Path) -> dict[str, str]:
             if ref is not None:
                 found[path.name] = ref
     return found
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept by the file system as surrogates
+        return False
+    return True
 
 
 def _model_in_dir(path: Path) -> str | None:
