@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import Scope
 
@@ -291,7 +292,8 @@ def install_error_handlers(app: FastAPI) -> None:
         # Never leak paths or tracebacks to the client: the type name is enough for a bug
         # report; the operator's log gets the traceback. The server closes the connection
         # after an unexpected error: say so to the client.
-        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        if not isinstance(exc, ClientDisconnect):  # the client left: nothing went wrong
+            log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return error_response(
             APIError(
                 500,

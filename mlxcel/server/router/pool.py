@@ -143,8 +143,12 @@ class ModelPool:
         return [m.entry.name for m in self.models]
 
     def busy(self) -> bool:
-        """Whether any model is serving a request."""
-        return any(m.service is not None and m.service.in_flight for m in self.models)
+        """Whether any model is serving a request or loading for one (a drain waits for
+        both: a request waiting for its model is in flight too)."""
+        return any(
+            m.loading is not None or (m.service is not None and m.service.in_flight)
+            for m in self.models
+        )
 
     # ------------------------------------------------------------------ load
 
@@ -326,12 +330,19 @@ class ModelPool:
         self._release()
 
     def stop_all(self) -> None:
-        """Stop every loaded model (the server is stopping)."""
+        """Stop every loaded model (the server is stopping). A load in flight finishes
+        first and queued ones are dropped: a model that became ready after the others
+        stopped kept its engine running while the process exited, which could abort it."""
+        self._loader.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             services = [m.service for m in self.models if m.service is not None]
+            dropped = [m.loading for m in self.models if m.loading is not None]
             for m in self.models:
                 m.service = None
+                m.loading = None
+        for future in dropped:
+            if not future.done():
+                future.set_exception(LoadFailed("the server is stopping"))
         for service in services:
             self._stop(service.state)
-        self._loader.shutdown(wait=False, cancel_futures=True)
-        self._stopper.shutdown(wait=False, cancel_futures=True)
+        self._stopper.shutdown(wait=True)  # unloads under way end before the process does
