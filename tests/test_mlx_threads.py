@@ -36,10 +36,12 @@ def test_busy_threads_are_not_shared_and_a_failing_run_is_reported(
     reported: list[BaseException | None] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_value))
     gate = threading.Event()
+    holding = threading.Event()
     idents: list[int] = []
 
     def held() -> None:
         idents.append(threading.get_ident())
+        holding.set()
         gate.wait(10)
 
     def fails() -> None:
@@ -47,6 +49,7 @@ def test_busy_threads_are_not_shared_and_a_failing_run_is_reported(
         raise RuntimeError("broken loop")
 
     busy = run_pooled(held, "held")
+    assert holding.wait(10)  # idents[0] is the held loop's thread (not a race with `fails`)
     failing = run_pooled(fails, "fails")
     failing.join(10)
     assert not failing.is_alive() and busy.is_alive()
