@@ -161,3 +161,64 @@ def test_input_transcription_streams_one_delta_per_segment() -> None:
     assert deltas == ["What is the capital", " of France?"]
     assert completed[0]["transcript"] == "".join(deltas) == "What is the capital of France?"
     assert session.items[0]["content"][0]["transcript"] == completed[0]["transcript"]
+
+
+def _cancelled_while_sending(blocked: str) -> list[dict[str, Any]]:
+    """The conversation after a text response is cancelled (as when its client leaves) while
+    the event `blocked` is being sent, then `cancel` runs as the session's close does."""
+    from contextlib import suppress
+
+    from mlxcel.server.realtime.protocol import SessionConfig
+    from mlxcel.server.realtime.response import RealtimeResponse, ResponseContext
+
+    items: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        reached, never = asyncio.Event(), asyncio.Event()
+
+        async def send(event: dict[str, Any]) -> None:
+            if event["type"] == blocked:
+                reached.set()
+                await never.wait()
+
+        def add_item(item: dict[str, Any]) -> str | None:
+            items.append(item)
+            return None
+
+        context = ResponseContext(
+            state=None,  # type: ignore[arg-type]
+            websocket=None,  # type: ignore[arg-type]
+            worker=None,  # type: ignore[arg-type]
+            send=send,
+            items=items,
+            add_item=add_item,
+            conversation_id="conv_1",
+            spoken={},
+        )
+        response = RealtimeResponse(context, SessionConfig(output_modalities=("text",)), "resp_1")
+
+        async def answer() -> None:
+            await response._text("Hello there.")
+            await response._close_message()
+
+        task = asyncio.ensure_future(answer())
+        await asyncio.wait_for(reached.wait(), 5)
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+        await response.cancel()
+
+    asyncio.run(scenario())
+    return items
+
+
+def test_a_response_cancelled_mid_close_leaves_no_item_in_progress() -> None:
+    (item,) = _cancelled_while_sending("response.output_text.done")
+    assert item["status"] == "completed"
+    assert item["content"] == [{"type": "output_text", "text": "Hello there."}]
+
+
+def test_a_response_cancelled_while_its_item_is_announced_closes_it() -> None:
+    (item,) = _cancelled_while_sending("conversation.item.added")
+    assert item["status"] == "incomplete"
+    assert item["content"] == [{"type": "output_text", "text": ""}]

@@ -240,7 +240,7 @@ class RealtimeResponse:
             await self._close_call(output.index)
         # reasoning is not spoken nor shown
 
-    async def _add_output(self, item: dict[str, Any]) -> int:
+    async def _add_output(self, item: dict[str, Any]) -> None:
         index = len(self.output)
         self.output.append(item)
         previous = self.context.add_item(item)
@@ -249,7 +249,6 @@ class RealtimeResponse:
             event("response.output_item.added", response_id=self.id, output_index=index, item=item)
         )
         await send(event("conversation.item.added", previous_item_id=previous, item=item))
-        return index
 
     async def _open_message(self) -> _Message:
         speaks = self.config.speaks
@@ -259,21 +258,23 @@ class RealtimeResponse:
             else {"type": "output_text", "text": ""}
         )
         item = message_item("assistant", [part], status="in_progress")
-        index = await self._add_output(item)
-        self._message = _Message(item, index)
+        # Open before the first await: a response cancelled while the item is announced
+        # still closes it (`cancel` closes the open message).
+        message = self._message = _Message(item, len(self.output))
         if speaks:
-            self.context.spoken[item["id"]] = self._message.spoken
+            self.context.spoken[item["id"]] = message.spoken
+        await self._add_output(item)
         await self.context.send(
             event(
                 "response.content_part.added",
-                **self._ids(index, item["id"]),
+                **self._ids(message.output_index, item["id"]),
                 content_index=0,
                 part={"type": "audio", "transcript": ""}
                 if speaks
                 else {"type": "text", "text": ""},
             )
         )
-        return self._message
+        return message
 
     async def _text(self, text: str) -> None:
         if not text:
@@ -331,14 +332,22 @@ class RealtimeResponse:
             message.spoken.append(SpokenSentence(sentence, start, message.audio_ms))
 
     async def _close_message(self, status: str = "completed") -> None:
+        """Close the open message: its item takes its final text and `status` before any
+        event is sent, so a response cancelled mid-close (the client left, barge-in) never
+        leaves an `in_progress` item in the conversation."""
         message, self._message = self._message, None
         if message is None:
             return
+        speaks = self.config.speaks
+        if speaks and status == "completed":
+            message.text = message.text.strip()
+        kind = "audio" if speaks else "text"
+        field_name = "transcript" if speaks else "text"
+        message.item["content"] = [{"type": f"output_{kind}", field_name: message.text}]
+        message.item["status"] = status
         send = self.context.send
         ids = self._ids(message.output_index, message.item["id"])
-        if self.config.speaks:
-            if status == "completed":
-                message.text = message.text.strip()
+        if speaks:
             await send(event("response.output_audio.done", **ids, content_index=0))
             await send(
                 event(
@@ -348,15 +357,11 @@ class RealtimeResponse:
                     transcript=message.text,
                 )
             )
-            part = {"type": "audio", "transcript": message.text}
-            message.item["content"] = [{"type": "output_audio", "transcript": message.text}]
         else:
             await send(
                 event("response.output_text.done", **ids, content_index=0, text=message.text)
             )
-            part = {"type": "text", "text": message.text}
-            message.item["content"] = [{"type": "output_text", "text": message.text}]
-        message.item["status"] = status
+        part = {"type": kind, field_name: message.text}
         await send(event("response.content_part.done", **ids, content_index=0, part=part))
         await send(
             event(
@@ -378,7 +383,8 @@ class RealtimeResponse:
             "name": start.name,
             "arguments": "",
         }
-        self._calls[start.index] = (item, await self._add_output(item))
+        self._calls[start.index] = (item, len(self.output))  # open before the first await
+        await self._add_output(item)
 
     async def _arguments(self, piece: ToolCallArguments) -> None:
         if piece.index not in self._calls or not piece.fragment:
