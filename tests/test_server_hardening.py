@@ -269,6 +269,32 @@ def test_oversized_headers_are_431(server: ServeProcess, http: httpx.Client) -> 
     assert reply.startswith(b"HTTP/1.1 431")
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"X-Filler: " + b"a" * 1_000_000 + b"\r\n",
+        b"".join(b"X-H%d: v\r\n" % i for i in range(20_000)),
+    ],
+    ids=["one-1MB-header", "20000-small-headers"],
+)
+def test_a_head_past_the_parser_limit_gets_the_431_before_the_close(
+    server: ServeProcess, head: bytes
+) -> None:
+    # The server answers once 32 KB arrived, with the rest of the head still coming: closing
+    # the socket with that unread used to reset the connection, losing the answer.
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n")
+        reply = b""
+        while part := sock.recv(65536):
+            reply += part
+    status, _, body = reply.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 431"), reply[:200]
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == "request headers too large: the limit is 32768 bytes"
+
+
 # ----------------------------------------------------------------- in-process variants
 
 

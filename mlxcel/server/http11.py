@@ -2,7 +2,9 @@
 
 h11 rejects a request head larger than its buffer limit (`h11_max_incomplete_event_size`)
 before the application sees it; plain uvicorn answers that with a text/plain 400. Here it
-gets 431 (Request Header Fields Too Large), and other protocol errors a JSON 400.
+gets 431 (Request Header Fields Too Large), and other protocol errors a JSON 400. The answer
+is followed by a half-close and a bounded drain of what the client still sends: closing a
+socket with unread data resets the connection, and the client then loses the answer.
 
 Each connection also follows `mlxcel.server.connections`: it is closed when it sends
 nothing for `idle_seconds` or takes longer than `head_seconds` to send a request head
@@ -24,6 +26,8 @@ from mlxcel.server.connections import OVERFLOW_HEAD_SECONDS, ConnectionGuard
 from mlxcel.server.errors import error_body
 
 _REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
+DRAIN_BYTES = 16 * 1024 * 1024  # read and dropped after a protocol error's answer, at most
+DRAIN_SECONDS = 5.0  # how long the client has to stop sending after that answer
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -40,6 +44,8 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._admitted = False
         self._overflow = False
+        self._drain_left = -1  # bytes still to drop after a protocol error; -1: not draining
+        self._drain_timer: asyncio.TimerHandle | None = None
         original = self.conn.next_event
 
         def next_event() -> Any:
@@ -76,7 +82,17 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._cancel_head_timer()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         self._release()
+
+    def data_received(self, data: bytes) -> None:
+        if self._drain_left < 0:
+            super().data_received(data)
+            return
+        self._drain_left -= len(data)
+        if self._drain_left < 0:
+            self.transport.close()
 
     def drop(self) -> None:
         """Close this connection to make room for a newer one (the guard's choice)."""
@@ -164,9 +180,14 @@ class GuardedH11Protocol(H11Protocol):
     # ----------------------------------------------------------- protocol errors
 
     def send_400_response(self, msg: str) -> None:
-        """Send the error answer for a request h11 could not parse, then close."""
+        """Send the error answer for a request h11 could not parse, then close after a drain."""
         status = self._error_status
-        message = "request headers too large" if status == 431 else "invalid HTTP request"
+        message = "invalid HTTP request"
+        if status == 431:
+            limit = self.config.h11_max_incomplete_event_size
+            message = "request headers too large" + (
+                f": the limit is {limit} bytes" if limit else ""
+            )
         body = json.dumps(error_body(message, "invalid_request_error")).encode("utf-8")
         headers: list[tuple[bytes, bytes]] = [
             (b"content-type", b"application/json"),
@@ -184,7 +205,19 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.write(self.conn.send(h11.EndOfMessage()) or b"")
         except h11.LocalProtocolError:
             pass  # a response was already under way: just close
-        self.transport.close()
+        self._close_after_drain()
+
+    def _close_after_drain(self) -> None:
+        """Half-close, then drop what the client still sends (up to `DRAIN_BYTES`, for up
+        to `DRAIN_SECONDS`) and close: the client reads the answer before the close."""
+        self._cancel_head_timer()
+        self._unset_keepalive_if_required()
+        if self.transport.is_closing():
+            return
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._drain_left = DRAIN_BYTES
+        self._drain_timer = self.loop.call_later(DRAIN_SECONDS, self.transport.close)
 
 
 def guarded_protocol(guard: ConnectionGuard) -> type[GuardedH11Protocol]:
