@@ -249,21 +249,32 @@ def test_first_sentence_is_spoken_while_the_answer_streams(server: ServeProcess)
     assert done["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
 
 
+async def _text_session(ws: Any) -> Client:
+    """A client on a manual-turn, text-only session answering in at most 24 tokens."""
+    client = Client(ws)
+    await client.until("session.created")
+    await client.send(
+        "session.update",
+        session={**MANUAL, "output_modalities": ["text"], "max_output_tokens": 24},
+    )
+    await client.until("session.updated")
+    return client
+
+
+def _user_text(text: str, **fields: Any) -> dict[str, Any]:
+    return {
+        **fields,
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": text}],
+    }
+
+
 def test_text_session_streams_output_text(server: ServeProcess) -> None:
     async def scenario() -> Client:
         async with connect(ws_url(server.url), API_KEY) as ws:
-            client = Client(ws)
-            await client.until("session.created")
-            await client.send(
-                "session.update",
-                session={**MANUAL, "output_modalities": ["text"], "max_output_tokens": 24},
-            )
-            await client.until("session.updated")
-            item = {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "What is the capital of France?"}],
-            }
+            client = await _text_session(ws)
+            item = _user_text("What is the capital of France?")
             await client.send("conversation.item.create", item=item)
             await client.until("conversation.item.done")
             await client.send("response.create")
@@ -277,6 +288,44 @@ def test_text_session_streams_output_text(server: ServeProcess) -> None:
     done = client.of("response.done")[0]["response"]
     assert done["output"][0]["content"][0] == {"type": "output_text", "text": text}
     assert done["usage"]["output_tokens"] <= 24
+
+
+def test_out_of_band_response_answers_its_own_input_and_leaves_the_conversation_alone(
+    server: ServeProcess,
+) -> None:
+    async def scenario() -> Client:
+        async with connect(ws_url(server.url), API_KEY) as ws:
+            client = await _text_session(ws)
+            item = _user_text("Hello, I am planning a trip.", id="item_greeting")
+            await client.send("conversation.item.create", item=item)
+            await client.until("conversation.item.done")
+            question = _user_text("What is the capital of France?")
+            await client.send(
+                "response.create",
+                response={
+                    "conversation": "none",
+                    "input": [{"type": "item_reference", "id": "item_greeting"}, question],
+                    "metadata": {"purpose": "side-question"},
+                },
+            )
+            done = await client.until("response.done")
+            answer_id = done["response"]["output"][0]["id"]
+            await client.send("conversation.item.retrieve", item_id=answer_id)
+            await client.until("error")
+            return client
+
+    client = run(scenario())
+    text = "".join(e["delta"] for e in client.of("response.output_text.delta"))
+    assert "Paris" in text
+    done = client.of("response.done")[0]["response"]
+    assert done["conversation_id"] is None
+    assert done["metadata"] == {"purpose": "side-question"}
+    assert done["output"][0]["status"] == "completed"
+    assert client.of("response.output_item.added") and client.of("response.output_item.done")
+    added = [e["item"]["id"] for e in client.of("conversation.item.added")]
+    assert added == ["item_greeting"]  # the answer was not added to the conversation
+    assert [e["item"]["id"] for e in client.of("conversation.item.done")] == ["item_greeting"]
+    assert client.of("error")[0]["error"]["param"] == "item_id"
 
 
 def test_g711_in_and_out_and_an_audio_item(server: ServeProcess) -> None:

@@ -222,3 +222,31 @@ def test_a_response_cancelled_while_its_item_is_announced_closes_it() -> None:
     (item,) = _cancelled_while_sending("conversation.item.added")
     assert item["status"] == "incomplete"
     assert item["content"] == [{"type": "output_text", "text": ""}]
+
+
+def test_bad_out_of_band_responses_are_refused_before_they_start() -> None:
+    session, events = _session()
+    audio_part = {"type": "input_audio", "audio": "AAAA"}
+    bad = [
+        ({"conversation": "conv_other"}, "response.conversation"),
+        ({"input": "nope"}, "response.input"),
+        ({"input": [{"type": "item_reference", "id": "missing"}]}, "response.input[0]"),
+        ({"input": [{"type": "message", "role": "user", "content": [audio_part]}]},
+         "response.input[0]"),
+        ({"input": [{"type": "message", "role": "robot", "content": []}]}, "response.input[0]"),
+        ({"metadata": {str(n): "v" for n in range(17)}}, "response.metadata"),
+        ({"metadata": {"k": 1}}, "response.metadata"),
+        ({"metadata": {"k": "v" * 513}}, "response.metadata"),
+    ]  # fmt: skip
+
+    async def scenario() -> None:
+        for response, _ in bad:
+            await session.handle({"type": "response.create", "response": response})
+
+    asyncio.run(scenario())
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert [e["param"] for e in errors] == [param for _, param in bad]
+    assert "'missing' is not in the conversation" in errors[2]["message"]
+    assert "needs its `transcript`" in errors[3]["message"]
+    assert not [e for e in events if e["type"] == "response.created"]
+    assert session.response is None

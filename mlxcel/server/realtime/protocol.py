@@ -338,3 +338,25 @@ def server_error_event(
 ) -> dict[str, Any]:
     """`error` for a failure on the server's side (a model, a full queue...)."""
     return event("error", error={"type": kind, "code": code, "message": message, "param": None})
+
+
+MAX_METADATA_PAIRS = 16
+
+
+def response_metadata(body: Any) -> dict[str, str] | None:
+    """`response.metadata`: at most 16 string pairs, keys up to 64 characters and values up
+    to 512 (OpenAI's limits), echoed on the response."""
+    if body is None:
+        return None
+    param = "response.metadata"
+    if not isinstance(body, dict) or len(body) > MAX_METADATA_PAIRS:
+        raise ClientEventError(
+            f"{param} must be an object of at most {MAX_METADATA_PAIRS} pairs", param=param
+        )
+    for key, value in body.items():
+        if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+            raise ClientEventError(
+                f"{param} keys must be at most 64 characters and values strings of at most 512",
+                param=param,
+            )
+    return dict(body)

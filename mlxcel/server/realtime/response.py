@@ -8,6 +8,10 @@ and `conversation.item.added`, then for a message `response.content_part.added`,
 `response.output_text.delta` for text-only sessions) and their `.done` events, for a call
 `response.function_call_arguments.delta/done`; `response.output_item.done` and
 `conversation.item.done`; finally `response.done` with the status and usage.
+
+An out-of-band response (`response.create` with `conversation: "none"`) answers from its own
+`input` items (or the conversation), sends the same `response.*` events, and adds nothing to
+the conversation: no `conversation.item.*` events, `conversation_id` null.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class ResponseContext:
     send: Send
     items: list[dict[str, Any]]
     add_item: Callable[[dict[str, Any]], str | None]  # appends, returns the previous item's id
-    conversation_id: str
+    conversation_id: str | None  # None: an out-of-band response, kept out of the conversation
     spoken: dict[str, list[SpokenSentence]]  # item id → its spoken sentences
 
 
@@ -92,10 +96,17 @@ class _Message:
 class RealtimeResponse:
     """Runs one response (`run`), or is cancelled mid-way (`cancel`)."""
 
-    def __init__(self, context: ResponseContext, config: SessionConfig, response_id: str) -> None:
+    def __init__(
+        self,
+        context: ResponseContext,
+        config: SessionConfig,
+        response_id: str,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         self.context = context
         self.config = config
         self.id = response_id
+        self.metadata = metadata
         self.started = 0.0
         self.output: list[dict[str, Any]] = []
         self.usage: dict[str, Any] | None = None
@@ -127,8 +138,12 @@ class RealtimeResponse:
                 "output": {"format": audio_format_wire(config.output_format), "voice": config.voice}
             },
             "usage": self.usage,
-            "metadata": None,
+            "metadata": self.metadata,
         }
+
+    @property
+    def _in_conversation(self) -> bool:
+        return self.context.conversation_id is not None
 
     def _ids(self, output_index: int, item_id: str) -> dict[str, Any]:
         return {"response_id": self.id, "item_id": item_id, "output_index": output_index}
@@ -206,6 +221,7 @@ class RealtimeResponse:
         message = self._message
         if message is not None and self.config.speaks:
             message.text = " ".join(s.text for s in message.spoken)
+        if message is not None and self.config.speaks and self._in_conversation:
             await self.context.send(
                 event(
                     "conversation.item.truncated",
@@ -243,6 +259,13 @@ class RealtimeResponse:
     async def _add_output(self, item: dict[str, Any]) -> None:
         index = len(self.output)
         self.output.append(item)
+        if not self._in_conversation:
+            await self.context.send(
+                event(
+                    "response.output_item.added", response_id=self.id, output_index=index, item=item
+                )
+            )
+            return
         previous = self.context.add_item(item)
         send = self.context.send
         await send(
@@ -261,7 +284,7 @@ class RealtimeResponse:
         # Open before the first await: a response cancelled while the item is announced
         # still closes it (`cancel` closes the open message).
         message = self._message = _Message(item, len(self.output))
-        if speaks:
+        if speaks and self._in_conversation:
             self.context.spoken[item["id"]] = message.spoken
         await self._add_output(item)
         await self.context.send(
@@ -371,7 +394,8 @@ class RealtimeResponse:
                 item=message.item,
             )
         )
-        await send(event("conversation.item.done", item=message.item))
+        if self._in_conversation:
+            await send(event("conversation.item.done", item=message.item))
 
     async def _open_call(self, start: ToolCallStart) -> None:
         item = {
@@ -418,7 +442,8 @@ class RealtimeResponse:
         await send(
             event("response.output_item.done", response_id=self.id, output_index=index, item=item)
         )
-        await send(event("conversation.item.done", item=item))
+        if self._in_conversation:
+            await send(event("conversation.item.done", item=item))
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

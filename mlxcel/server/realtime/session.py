@@ -39,6 +39,7 @@ from mlxcel.server.realtime.protocol import (
     error_event,
     event,
     new_id,
+    response_metadata,
     server_error_event,
 )
 from mlxcel.server.realtime.response import (
@@ -324,15 +325,63 @@ class RealtimeSession:
             )
         overrides = message.get("response")
         config = self.config
-        if overrides is not None:
-            if not isinstance(overrides, dict):
-                raise ClientEventError("response must be an object", param="response")
-            fields = {
-                k: v for k, v in overrides.items() if k not in ("conversation", "input", "metadata")
-            }
-            config = apply_session_update(config, {**fields, "type": "realtime"})
-            self._check_voice(config.voice)
-        await self._start_response(config)
+        if overrides is None:
+            await self._start_response(config)
+            return
+        if not isinstance(overrides, dict):
+            raise ClientEventError("response must be an object", param="response")
+        fields = {
+            k: v for k, v in overrides.items() if k not in ("conversation", "input", "metadata")
+        }
+        config = apply_session_update(config, {**fields, "type": "realtime"})
+        self._check_voice(config.voice)
+        conversation = overrides.get("conversation", "auto")
+        if conversation not in ("auto", "none", None):
+            raise ClientEventError(
+                "response.conversation must be 'auto' or 'none'", param="response.conversation"
+            )
+        items = self._response_input(overrides.get("input"))
+        metadata = response_metadata(overrides.get("metadata"))
+        await self._start_response(config, items, conversation == "none", metadata)
+
+    def _response_input(self, body: Any) -> list[dict[str, Any]] | None:
+        """The items of `response.input` (None: the conversation), each a new item or an
+        `item_reference` to one of the conversation's; audio parts need their transcript."""
+        if body is None:
+            return None
+        if not isinstance(body, list) or len(body) > MAX_ITEMS:
+            raise ClientEventError(
+                f"response.input must be a list of at most {MAX_ITEMS} items",
+                param="response.input",
+            )
+        items: list[dict[str, Any]] = []
+        for index, entry in enumerate(body):
+            where = f"response.input[{index}]"
+            if isinstance(entry, dict) and entry.get("type") == "item_reference":
+                wanted = entry.get("id")
+                found = [i for i in self.items if i["id"] == wanted]
+                if not found:
+                    shown = str(wanted)[:64]
+                    raise ClientEventError(
+                        f"{where}: item {shown!r} is not in the conversation", param=where
+                    )
+                items.append(found[0])
+                continue
+            try:
+                item, pending = parse_item(entry)
+            except ClientEventError as exc:
+                raise ClientEventError(f"{where}: {exc.message}", param=where) from None
+            if pending:
+                raise ClientEventError(
+                    f"{where}: audio in response.input needs its `transcript`", param=where
+                )
+            items.append(item)
+        if sum(item_chars(i) for i in items) > MAX_CONVERSATION_CHARS:
+            raise ClientEventError(
+                f"response.input holds more than {MAX_CONVERSATION_CHARS} characters",
+                param="response.input",
+            )
+        return items
 
     async def _response_cancel(self, _message: dict[str, Any]) -> None:
         if not await self.cancel_response("client_cancelled"):
@@ -429,18 +478,26 @@ class RealtimeSession:
 
     # ------------------------------------------------------------------ responses
 
-    async def _start_response(self, config: SessionConfig) -> None:
+    async def _start_response(
+        self,
+        config: SessionConfig,
+        items: list[dict[str, Any]] | None = None,
+        out_of_band: bool = False,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        """Start a response from `items` (None: the conversation); an `out_of_band` one adds
+        nothing to the conversation."""
         context = ResponseContext(
             state=self.state,
             websocket=self.websocket,
             worker=self.speaker,
             send=self.send,
-            items=self.items,
+            items=self.items if items is None else items,
             add_item=self.add_item,
-            conversation_id=self.conversation_id,
+            conversation_id=None if out_of_band else self.conversation_id,
             spoken=self.spoken,
         )
-        response = RealtimeResponse(context, config, new_id("resp"))
+        response = RealtimeResponse(context, config, new_id("resp"), metadata)
         self.response = response
         await self.send(event("response.created", response=response.wire("in_progress")))
         self._response_task = asyncio.ensure_future(self._respond(response))
