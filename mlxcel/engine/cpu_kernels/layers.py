@@ -8,7 +8,10 @@ and biases are exact in float16 (GGUF's always are) becomes a `KernelPackedLinea
 weight is repacked once into the kernel's int8 tiles (`pack_int8`: every 16 rows stored
 block by block with their float16 block scales, one sequential stream; 4-bit codes as
 nibbles, 5-bit ones (GGUF's Q5_0/Q5_1) as nibbles and a plane of fifth bits, other widths
-one byte a code) and MLX's three arrays are dropped. Every matmul of that layer, a decode
+one byte a code) and MLX's three arrays are dropped. A 4-, 5- or 8-bit layer whose every
+bias is -2^(bits-1) times its scale (GGUF's Q4_0, Q5_0 and Q8_0) gets symmetric tiles, which
+hold no biases (the kernel derives them, bit for bit): 8.5 bits a Q8_0 weight, as in the file,
+not 9. Every matmul of that layer, a decode
 step or a 512-row prefill, runs on the tiles with int8 activations, each tile read once per
 call while every row of x passes over it; a row's result is therefore the same whatever
 else shares the call.
@@ -126,7 +129,7 @@ def _tiled_matmul(layer: Any, x: mx.array) -> mx.array:
     if x.dtype != mx.float32:
         x = x.astype(mx.float32)
     out: mx.array = layer.kernels.packed_matmul(
-        x, layer["packed"], layer.out_features, layer.tile_bits
+        x, layer["packed"], layer.out_features, layer.tile_bits, layer.symmetric
     )
     return out
 
@@ -140,6 +143,7 @@ class KernelPackedLinear(nn.QuantizedLinear):
     out_features: int
     in_features: int
     tile_bits: int
+    symmetric: bool
 
     def __call__(self, x: mx.array) -> mx.array:
         y = _tiled_matmul(self, x)
@@ -157,15 +161,16 @@ class KernelPackedLinear(nn.QuantizedLinear):
 class KernelPackedEmbedding(nn.QuantizedEmbedding):
     """An `nn.QuantizedEmbedding` held only in the int8 kernel's tiles: `as_linear` (a tied
     LM head) runs on them, and lookups read their rows from them (`tile_rows`), so the
-    table is in memory once (Gemma 3's 262k x 640 table: 190 MB, not 380)."""
+    table is in memory once (Gemma 3's 262k x 640 Q8_0 table: 178 MB in symmetric tiles)."""
 
     kernels: ModuleType
     out_features: int
     in_features: int
     tile_bits: int
+    symmetric: bool
 
     def __call__(self, x: mx.array) -> mx.array:
-        return tile_rows(self["packed"], x, self.tile_bits, self.in_features)
+        return tile_rows(self["packed"], x, self.tile_bits, self.in_features, self.symmetric)
 
     def as_linear(self, x: mx.array) -> mx.array:
         return _tiled_matmul(self, x)
@@ -361,8 +366,22 @@ def _codes_of_rows(raw: np.ndarray, bits: int) -> np.ndarray:
 _PACK_TILES = 1024
 
 
+def symmetric(scales: mx.array, biases: mx.array, bits: int) -> bool:
+    """Whether a 4-, 5- or 8-bit layer's every bias is -2^(bits-1) times its scale (GGUF's
+    Q4_0, Q5_0 and Q8_0), so that its tiles can leave the biases out."""
+    if bits != tile_bits(bits):
+        return False
+    return bool(mx.array_equal(biases, scales * -float(1 << (bits - 1))))
+
+
 def pack_int8(
-    weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int = 4
+    weight: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    group_size: int,
+    bits: int = 4,
+    *,
+    symmetric: bool = False,
 ) -> mx.array:
     """A 2- to 8-bit affine weight ([N, K * bits / 32] uint32, [N, K / group_size] scales
     and biases) in the int8 kernel's tiles: [ceil(N / 16), K / 32, 320, 384 or 576] uint8,
@@ -371,14 +390,17 @@ def pack_int8(
     same of the codes' low 4 bits, then their fifth bits, 8 little-endian 64-bit masks, one
     per group for its low nibbles and one for its high ones, bit i for the group's byte i;
     other widths: one byte a value, as 8-bit tiles), each group 16 rows x 4 bytes, then the
-    16 block scales and the 16 block biases as float16. Packed `_PACK_TILES` tiles at a time
-    straight into the result."""
+    16 block scales and the 16 block biases as float16. With `symmetric` (a 4-, 5- or 8-bit
+    weight whose biases are -2^(bits-1) times their scales: see `symmetric`) the biases are
+    left out, 32 bytes less a block. Packed `_PACK_TILES` tiles at a time straight into the
+    result."""
     n = int(weight.shape[0])
     k = int(weight.shape[1]) * 32 // bits
     blocks = k // 32
     tiles = (n + _TILE_ROWS - 1) // _TILE_ROWS
     raw = np.asarray(weight).view(np.uint8).reshape(n, -1)
-    per_group = [np.asarray(values.astype(mx.float32)) for values in (scales, biases)]
+    kept = (scales,) if symmetric else (scales, biases)
+    per_group = [np.asarray(values.astype(mx.float32)) for values in kept]
     code_bytes = _TILE_ROWS * 32 * tile_bits(bits) // 8
     half_bytes = _TILE_ROWS * 2  # a block's 16 float16 scales (or biases)
 
@@ -392,7 +414,8 @@ def pack_int8(
                 per_block = np.repeat(values[rows], group_size // 32, axis=1)
                 out[first:last, :, at : at + half_bytes] = _tile_halves(per_block, last - first)
 
-    return aligned_array((tiles, blocks, code_bytes + 2 * half_bytes), mx.uint8, fill)
+    shape = (tiles, blocks, code_bytes + len(per_group) * half_bytes)
+    return aligned_array(shape, mx.uint8, fill)
 
 
 def _tile_codes(raw: np.ndarray, tiles: int, k: int, bits: int) -> np.ndarray:
@@ -431,9 +454,12 @@ def _tile_halves(per_block: np.ndarray, tiles: int) -> np.ndarray:
     return np.ascontiguousarray(by_block).view(np.uint8)
 
 
-def tile_rows(tiles: mx.array, ids: mx.array, bits: int, k: int) -> mx.array:
+def tile_rows(
+    tiles: mx.array, ids: mx.array, bits: int, k: int, symmetric: bool = False
+) -> mx.array:
     """Rows `ids` of the weight `pack_int8` tiled, as float32 (`ids.shape + (k,)`): each
-    value `scale * code + bias` with its block's scale and bias, as MLX dequantizes."""
+    value `scale * code + bias` with its block's scale and bias (symmetric tiles: bias
+    -2^(bits-1) times the scale), as MLX dequantizes."""
     flat = ids.reshape(-1)
     picked = tiles[flat // _TILE_ROWS]  # [n, blocks, bytes]: the tile holding each row
     n, blocks = flat.size, k // 32
@@ -451,10 +477,13 @@ def tile_rows(tiles: mx.array, ids: mx.array, bits: int, k: int) -> mx.array:
         shifts = (row % 2) * 4 + mx.arange(4, dtype=mx.uint8)
         mine = mine + ((byte >> shifts.astype(mx.uint8)) & 1) * 16
     values = mine.reshape(n, blocks, 32).astype(mx.float32)
-    halves = picked[..., code_bytes:].reshape(n, blocks, 2, _TILE_ROWS, 2)
-    per_row = mx.take_along_axis(halves, row, axis=3).reshape(n, blocks, 2, 2)
-    scale_bias = mx.view(per_row, mx.float16).reshape(n, blocks, 2).astype(mx.float32)
-    out = values * scale_bias[..., 0:1] + scale_bias[..., 1:2]
+    kinds = 1 if symmetric else 2  # scales, then biases unless symmetric
+    halves = picked[..., code_bytes:].reshape(n, blocks, kinds, _TILE_ROWS, 2)
+    per_row = mx.take_along_axis(halves, row, axis=3).reshape(n, blocks, kinds, 2)
+    scale_bias = mx.view(per_row, mx.float16).reshape(n, blocks, kinds).astype(mx.float32)
+    scale = scale_bias[..., 0:1]
+    bias = scale * -float(1 << (bits - 1)) if symmetric else scale_bias[..., 1:2]
+    out = values * scale + bias
     return out.reshape(*ids.shape, k)
 
 
@@ -473,14 +502,17 @@ def _packable(module: Any, kernels: ModuleType) -> bool:
 def _tile(module: Any, kernels: ModuleType) -> None:
     """Give `module` its int8 tiles in place of MLX's arrays (an embedding's lookups read
     the tiles too)."""
+    bits = int(module.bits)
+    module.symmetric = symmetric(module["scales"], module["biases"], bits)
     module["packed"] = pack_int8(
         module["weight"],
         module["scales"],
         module["biases"],
         int(module.group_size),
-        int(module.bits),
+        bits,
+        symmetric=module.symmetric,
     )
-    module.tile_bits = tile_bits(int(module.bits))
+    module.tile_bits = tile_bits(bits)
     module.out_features = int(module["weight"].shape[0])
     module.in_features = int(module["weight"].shape[1]) * 32 // int(module.bits)
     module.kernels = kernels

@@ -614,7 +614,10 @@ void run_rows_int8(
 // of 64 bits (per group, one for the low nibbles' values and one for the high nibbles',
 // bit i for byte i of the group); an 8-bit block holds 8 groups of 64 bytes (16 rows x 4
 // values). Then the 16 rows' block scales and biases as float16: 320 bytes a 4-bit block,
-// 384 a 5-bit one, 576 an 8-bit one. One integer
+// 384 a 5-bit one, 576 an 8-bit one. Symmetric tiles (SYM: every bias is -2^(BITS-1) times
+// its scale, as in GGUF's Q4_0, Q5_0 and Q8_0) hold the scales only (288, 352 or 544 bytes)
+// and take each bias as scale * -2^(BITS-1), exact in float32, so they give the same
+// results as the full tiles bit for bit. One integer
 // dot product instruction multiplies 4 values of all 16 rows with the same 4 values of one
 // x row (broadcast), so its 16 lanes are the 16 rows' partial dots: a block's integer dot
 // per row is exact, then scaled once per block, and the tile's output row comes out of the
@@ -625,9 +628,10 @@ constexpr int64_t kRowTile = 16;
 // How many blocks ahead the tile kernel prefetches (the stream continues into the next tile).
 constexpr int64_t kTileAhead = 4;
 
-template <int BITS>
+template <int BITS, bool SYM>
 constexpr int64_t row_block_bytes() {
-  return kRowTile * 32 * BITS / 8 + 4 * kRowTile;  // 320 (4-bit), 384 (5-bit) or 576
+  // 320 (4-bit), 384 (5-bit) or 576; 32 less for symmetric tiles (no biases)
+  return kRowTile * 32 * BITS / 8 + (SYM ? 2 : 4) * kRowTile;
 }
 
 struct RowPrepared {
@@ -663,7 +667,7 @@ inline __m512i bcast4(const int8_t* at) {
 }
 
 // One tile (16 weight rows from n) against MB rows of x from m0.
-template <int BITS, int MB>
+template <int BITS, int MB, bool SYM>
 inline void row_tile(const uint8_t* tile, const RowPrepared& p, int64_t K, int64_t m0,
                      int64_t N, float* out, int64_t n) {
   const int64_t blocks = K / 32;
@@ -674,10 +678,11 @@ inline void row_tile(const uint8_t* tile, const RowPrepared& p, int64_t K, int64
   const float* dx = p.dx.data() + m0 * blocks;
   const float* qs = p.qs.data() + m0 * blocks;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* at = tile + b * row_block_bytes<BITS>();
+    const uint8_t* at = tile + b * row_block_bytes<BITS, SYM>();
     // Every row count prefetches: a 1-row 262k x 640 8-bit LM head (Gemma 3, read from
     // memory) took 8.4-12.8 ms without, 6.4-7.6 with (paired runs, 2 threads).
-    prefetch_lines(at + kTileAhead * row_block_bytes<BITS>(), row_block_bytes<BITS>());
+    constexpr int64_t block_bytes = row_block_bytes<BITS, SYM>();
+    prefetch_lines(at + kTileAhead * block_bytes, block_bytes);
     // With few x rows, the block's 8 dot-product instructions per row would form one
     // dependency chain (5 cycles each): split them over CH accumulators and add those
     // after. Integer sums are exact, so the result is the same bit for bit.
@@ -722,7 +727,8 @@ inline void row_tile(const uint8_t* tile, const RowPrepared& p, int64_t K, int64
     const uint8_t* sc = at + kRowTile * 32 * BITS / 8;
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
     const __m512 bias =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+        SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-static_cast<float>(1 << (BITS - 1))))
+            : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
     for (int m = 0; m < MB; ++m) {
       const __m512 d = _mm512_set1_ps(dx[m * blocks + b]);
       total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), _mm512_mul_ps(s, d), total[m]);
@@ -734,41 +740,51 @@ inline void row_tile(const uint8_t* tile, const RowPrepared& p, int64_t K, int64
   for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(out + (m0 + m) * N + n, keep, total[m]);
 }
 
-template <int BITS>
+template <int BITS, bool SYM>
 void row_tiles(const uint8_t* packed, const RowPrepared& p, int64_t M, int64_t K, int64_t N,
                float* out, int64_t t_begin, int64_t t_end) {
-  const int64_t tile_bytes = (K / 32) * row_block_bytes<BITS>();
+  const int64_t tile_bytes = (K / 32) * row_block_bytes<BITS, SYM>();
   for (int64_t t = t_begin; t < t_end; ++t) {
     const uint8_t* tile = packed + t * tile_bytes;
     const int64_t n = t * kRowTile;
     int64_t m0 = 0;
-    for (; m0 + 8 <= M; m0 += 8) row_tile<BITS, 8>(tile, p, K, m0, N, out, n);
+    for (; m0 + 8 <= M; m0 += 8) row_tile<BITS, 8, SYM>(tile, p, K, m0, N, out, n);
     switch (M - m0) {
-      case 7: row_tile<BITS, 7>(tile, p, K, m0, N, out, n); break;
-      case 6: row_tile<BITS, 6>(tile, p, K, m0, N, out, n); break;
-      case 5: row_tile<BITS, 5>(tile, p, K, m0, N, out, n); break;
-      case 4: row_tile<BITS, 4>(tile, p, K, m0, N, out, n); break;
-      case 3: row_tile<BITS, 3>(tile, p, K, m0, N, out, n); break;
-      case 2: row_tile<BITS, 2>(tile, p, K, m0, N, out, n); break;
-      case 1: row_tile<BITS, 1>(tile, p, K, m0, N, out, n); break;
+      case 7: row_tile<BITS, 7, SYM>(tile, p, K, m0, N, out, n); break;
+      case 6: row_tile<BITS, 6, SYM>(tile, p, K, m0, N, out, n); break;
+      case 5: row_tile<BITS, 5, SYM>(tile, p, K, m0, N, out, n); break;
+      case 4: row_tile<BITS, 4, SYM>(tile, p, K, m0, N, out, n); break;
+      case 3: row_tile<BITS, 3, SYM>(tile, p, K, m0, N, out, n); break;
+      case 2: row_tile<BITS, 2, SYM>(tile, p, K, m0, N, out, n); break;
+      case 1: row_tile<BITS, 1, SYM>(tile, p, K, m0, N, out, n); break;
       default: break;
     }
   }
 }
 
+template <bool SYM>
+void packed_tiles(const uint8_t* packed, const RowPrepared& p, int64_t M, int64_t K, int64_t N,
+                  float* out, int bits, int64_t t_begin, int64_t t_end) {
+  if (bits == 4) {
+    row_tiles<4, SYM>(packed, p, M, K, N, out, t_begin, t_end);
+  } else if (bits == 5) {
+    row_tiles<5, SYM>(packed, p, M, K, N, out, t_begin, t_end);
+  } else {
+    row_tiles<8, SYM>(packed, p, M, K, N, out, t_begin, t_end);
+  }
+}
+
 void packed_matmul_rows(const float* x, const uint8_t* packed, float* out, int64_t M,
-                        int64_t K, int64_t N, int bits) {
+                        int64_t K, int64_t N, int bits, bool symmetric) {
   thread_local RowPrepared buffer;
   prepare_rows(buffer, x, M, K);
   const RowPrepared& p = buffer;
   const int64_t tiles = (N + kRowTile - 1) / kRowTile;
   RowPool::instance().run(tiles * kRowTile, M * N * K, [&](int64_t begin, int64_t end) {
-    if (bits == 4) {
-      row_tiles<4>(packed, p, M, K, N, out, begin / kRowTile, end / kRowTile);
-    } else if (bits == 5) {
-      row_tiles<5>(packed, p, M, K, N, out, begin / kRowTile, end / kRowTile);
+    if (symmetric) {
+      packed_tiles<true>(packed, p, M, K, N, out, bits, begin / kRowTile, end / kRowTile);
     } else {
-      row_tiles<8>(packed, p, M, K, N, out, begin / kRowTile, end / kRowTile);
+      packed_tiles<false>(packed, p, M, K, N, out, bits, begin / kRowTile, end / kRowTile);
     }
   });
 }
@@ -2023,11 +2039,12 @@ mx::array round_int8(const mx::array& x) {
   return mx::array(x.shape(), mx::float32, std::make_shared<CpuRoundInt8>(stream), {x});
 }
 
-// x [..., K] @ a 4- or 8-bit weight in row tiles [ceil(N / 16), K / 32, 320 or 576].
+// x [..., K] @ a 4-, 5- or 8-bit weight in row tiles [ceil(N / 16), K / 32, block bytes]
+// (symmetric ones without biases).
 class CpuPackedMatmul : public mx::Primitive {
  public:
-  CpuPackedMatmul(mx::Stream stream, int64_t n, int bits)
-      : mx::Primitive(stream), n_(n), bits_(bits) {}
+  CpuPackedMatmul(mx::Stream stream, int64_t n, int bits, bool symmetric)
+      : mx::Primitive(stream), n_(n), bits_(bits), symmetric_(symmetric) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -2044,13 +2061,13 @@ class CpuPackedMatmul : public mx::Primitive {
     encoder.set_output_array(out);
     Operand xo = Operand::of(inputs[0]);
     encoder.dispatch([xo = std::move(xo), w = packed.data<uint8_t>(), op = out.data<float>(), M,
-                      K, N = n_, bits = bits_]() {
+                      K, N = n_, bits = bits_, symmetric = symmetric_]() {
       std::vector<uint32_t> tmp;
       const float* x = static_cast<const float*>(xo.contiguous(tmp));
 #if MLXCEL_PACKED
-      packed_matmul_rows(x, w, op, M, K, N, bits);
+      packed_matmul_rows(x, w, op, M, K, N, bits, symmetric);
 #else
-      (void)x, (void)w, (void)op, (void)M, (void)K, (void)N, (void)bits;
+      (void)x, (void)w, (void)op, (void)M, (void)K, (void)N, (void)bits, (void)symmetric;
       throw std::runtime_error("packed 4-bit weights need AVX-512 VNNI");
 #endif
     });
@@ -2064,7 +2081,7 @@ class CpuPackedMatmul : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuPackedMatmul*>(&other);
-    return o != nullptr && o->n_ == n_ && o->bits_ == bits_;
+    return o != nullptr && o->n_ == n_ && o->bits_ == bits_ && o->symmetric_ == symmetric_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -2076,24 +2093,27 @@ class CpuPackedMatmul : public mx::Primitive {
  private:
   int64_t n_;
   int bits_;
+  bool symmetric_;
 };
 
-mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n, int bits) {
+mx::array packed_matmul(const mx::array& x, const mx::array& packed, int64_t n, int bits,
+                        bool symmetric) {
   if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) % 32 != 0) {
     throw std::invalid_argument("expected float32 x [..., K], K a multiple of 32");
   }
   if (bits != 4 && bits != 5 && bits != 8) throw std::invalid_argument("bits must be 4, 5 or 8");
   const int64_t blocks = x.shape(-1) / 32;
-  const int64_t bytes = 16 * 32 * bits / 8 + 64;
+  const int64_t bytes = 16 * 32 * bits / 8 + (symmetric ? 32 : 64);
   if (packed.dtype() != mx::uint8 || packed.ndim() != 3 || packed.shape(1) != blocks ||
       packed.shape(2) != bytes || packed.shape(0) * 16 < n || packed.shape(0) * 16 >= n + 16) {
     throw std::invalid_argument(
-        "packed weight [ceil(N / 16), K / 32, 320, 384 (5-bit) or 576 (8-bit)] uint8 expected");
+        "packed weight [ceil(N / 16), K / 32, 320, 384 (5-bit) or 576 (8-bit), 32 less if "
+        "symmetric] uint8 expected");
   }
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
   mx::Shape shape = x.shape();
   shape.back() = static_cast<int>(n);
-  return mx::array(shape, mx::float32, std::make_shared<CpuPackedMatmul>(stream, n, bits),
+  return mx::array(shape, mx::float32, std::make_shared<CpuPackedMatmul>(stream, n, bits, symmetric),
                    {x, packed});
 }
 
@@ -2135,9 +2155,9 @@ NB_MODULE(_mlxcel_cpu_kernels, m) {
         nb::arg("biases"), nb::arg("group_size"), nb::arg("bits"),
         "x @ dequantize(w, scales, biases).T on the CPU (float32 x; 4- or 8-bit affine w).");
   m.def("packed_matmul", &packed_matmul, nb::arg("x"), nb::arg("packed"), nb::arg("n"),
-        nb::arg("bits") = 4,
+        nb::arg("bits") = 4, nb::arg("symmetric") = false,
         "x @ W.T for a 4-, 5- or 8-bit weight in int8 row tiles (layers.pack_int8), N rows, "
-        "int8 x.");
+        "int8 x; symmetric tiles hold no biases (each is -2^(bits-1) times its scale).");
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("w"), nb::arg("eps"),
         "nn.RMSNorm on the CPU: float32 x [..., D] * rsqrt(mean(x^2) + eps) * w [D].");
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
