@@ -304,6 +304,39 @@ def test_rejected_schema_is_a_clean_400(
     assert text.startswith("invalid JSON schema: ") and "\n" not in text and len(text) < 200
 
 
+@pytest.mark.parametrize(
+    ("compile_", "source"),
+    [
+        ("json", {"$ref": "#"}),
+        (
+            "json",
+            {
+                "$ref": "#/$defs/a",
+                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+            },
+        ),
+        ("gbnf", "root ::= a\na ::= b\nb ::= a"),
+    ],
+    ids=["self-ref", "ref-cycle", "gbnf-cycle"],
+)
+def test_grammar_that_admits_nothing_is_a_400(tiny: Any, compile_: str, source: Any) -> None:
+    """llguidance compiles a reference cycle that never reaches a value, then its first mask
+    fails and only the end token is left: the request was a 200 with empty content that no
+    schema accepts. It is refused at compile time; a grammar that may end at once is not."""
+    from mlxcel.engine.grammar.gbnf import compile_gbnf
+
+    backend = get_grammar_backend("llguidance", tiny.tokenizer)
+    with pytest.raises(InvalidSchema, match=r"^invalid (JSON schema|grammar): it admits no output"):
+        if compile_ == "json":
+            backend.compile_json_schema(source)
+        else:
+            compile_gbnf(backend, source)
+    matcher = compile_gbnf(backend, 'root ::= ""').matcher()
+    mask = backend.allocate_bitmask()
+    matcher.fill_bitmask(mask)
+    assert matcher.error is None
+
+
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize(
     "pattern",

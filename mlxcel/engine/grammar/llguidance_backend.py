@@ -126,8 +126,7 @@ class LLGuidanceBackend(GrammarBackend):
         # Building the matcher compiles the grammar and its lexer (the GIL is released);
         # llguidance never raises for grammar errors, it reports them through is_error().
         template = matcher_cls(self._tokenizer, grammar, log_level=0, limits=self._parser_limits)
-        if template.is_error():
-            raise InvalidSchema(f"invalid JSON schema: {short_error(template.get_error())}")
+        self._check_template(template, "invalid JSON schema")
         return LLGuidanceGrammar(self, template)
 
     supports_lark = True
@@ -139,9 +138,21 @@ class LLGuidanceBackend(GrammarBackend):
         except (ValueError, TypeError) as exc:
             raise InvalidSchema(f"invalid grammar: {short_error(exc)}") from None
         template = matcher_cls(self._tokenizer, compiled, log_level=0, limits=self._parser_limits)
-        if template.is_error():
-            raise InvalidSchema(f"invalid grammar: {short_error(template.get_error())}")
+        self._check_template(template, "invalid grammar")
         return LLGuidanceGrammar(self, template)
+
+    def _check_template(self, template: Any, what: str) -> None:
+        """`InvalidSchema` for a grammar llguidance built but cannot start: its first mask
+        puts a copy in an error state. A `$ref` cycle that never reaches a type (`{"$ref":
+        "#"}`) or GBNF rules that only name each other compile, then allow nothing but the
+        end token: the answer was an empty 200 that no schema accepts."""
+        if not template.is_error():
+            probe, mask = template.deep_copy(), self.allocate_bitmask()  # `mask` outlives the call
+            probe.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+            if not probe.is_error():
+                return
+            raise InvalidSchema(f"{what}: it admits no output ({short_error(probe.get_error())})")
+        raise InvalidSchema(f"{what}: {short_error(template.get_error())}")
 
     def is_special_token(self, token_id: int) -> bool:
         """True when `token_id` is a special token (which grammar literals cannot spell)."""
