@@ -303,6 +303,40 @@ def test_completion_errors(http: httpx.Client) -> None:
     assert http.get("/completion").status_code == 405
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/completion", {"repeat_last_n": -5}, "repeat_last_n must be >= -1, not -5"),
+        ("/completion", {"repeat_penalty": 0}, "repeat_penalty must be > 0, not 0.0"),
+        ("/completion", {"extra_body": {"repeat_last_n": -3}}, "repeat_last_n must be >= -1"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "repeat_last_n": -2},
+            "repeat_last_n must be >= -1, not -2",
+        ),
+        ("/v1/completions", {"repeat_penalty": -1.5}, "repeat_penalty must be > 0, not -1.5"),
+        ("/v1/completions", {"repetition_context_size": -4}, "repetition_context_size must be"),
+    ],
+)
+def test_a_range_error_names_the_field_the_client_sent(
+    http: httpx.Client, path: str, body: dict[str, Any], message: str
+) -> None:
+    # llama-server's names map onto the engine's (repeat_last_n -> repetition_context_size):
+    # the error must say the name in the request, not the engine's.
+    response = http.post(path, json={"prompt": "x", "n_predict": 1, **body})
+    assert error_of(response, 400, "invalid_request_error").startswith(message)
+
+
+def test_a_non_finite_sampling_value_names_the_field_the_client_sent(
+    http: httpx.Client,
+) -> None:
+    body = b'{"prompt": "x", "n_predict": 1, "repeat_penalty": NaN}'
+    response = http.post("/completion", content=body, headers={"Content-Type": "application/json"})
+    assert error_of(response, 400, "invalid_request_error") == (
+        "repeat_penalty must be finite, not nan"
+    )
+
+
 def test_auth_applies(server: ServeProcess) -> None:
     completion = {"prompt": "x", "n_predict": 1}
     for path, body in (("/completion", completion), ("/tokenize", {"content": "x"})):

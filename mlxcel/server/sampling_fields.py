@@ -13,7 +13,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    create_model,
+    model_validator,
+)
 
 from mlxcel.engine.defaults import loop_params, sampling_from_settings
 from mlxcel.engine.sampling.params import SAMPLING_KNOBS, SamplingKnob, knob_overrides
@@ -68,6 +77,23 @@ class SamplingFields(_KnobFields):
     timings_per_token: bool | None = None
     return_progress: bool | None = None
     extra_body: dict[str, Any] | None = None
+    _sent_names: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _note_sent_names(
+        cls, data: Any, handler: ModelWrapValidatorHandler[SamplingFields]
+    ) -> SamplingFields:
+        """Remember which spelling of each aliased knob the client sent (`sent_name`)."""
+        fields = handler(data)
+        if isinstance(data, dict):
+            nested = data.get("extra_body")
+            given = {**nested, **data} if isinstance(nested, dict) else data
+            for knob in SAMPLING_KNOBS:  # pydantic takes the first alias present
+                sent = next((name for name in knob.request if name in given), None)
+                if sent is not None:
+                    fields._sent_names[knob.name] = sent
+        return fields
 
     @model_validator(mode="before")
     @classmethod
@@ -86,6 +112,22 @@ class SamplingFields(_KnobFields):
         return {**lifted, **data} if lifted else data
 
     # ------------------------------------------------------------------ helpers
+
+    def sent_name(self, knob: SamplingKnob) -> str:
+        """The field name the client set `knob` with (llama-server's `repeat_last_n` or the
+        OpenAI-side `repetition_context_size`, ...), for error messages."""
+        return self._sent_names.get(knob.name, knob.name)
+
+    def check_knobs(self) -> None:
+        """A 400 naming the field as the client sent it for the first knob of the wrong
+        type or out of range (the engine's own check names its parameters)."""
+        for knob in SAMPLING_KNOBS:
+            value = knob.value(getattr(self, knob.name))
+            if value is not None:
+                try:
+                    knob.check(self.sent_name(knob), value)
+                except ValueError as exc:
+                    raise bad_request(str(exc)) from None
 
     def stop_strings(self) -> tuple[str, ...]:
         """`stop` as a tuple of non-empty strings (a string or a list of them)."""
@@ -210,6 +252,7 @@ def to_generation_request(
         raise bad_request(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
     if max_tokens is None or max_tokens == -1:
         max_tokens = None if settings.n_predict < 0 else settings.n_predict
+    fields.check_knobs()
     overrides = knob_overrides({k.name: getattr(fields, k.name) for k in SAMPLING_KNOBS})
     if fields.dry_sequence_breakers is not None:
         overrides["dry_sequence_breakers"] = _breaker_ids(tokenizer, fields.dry_sequence_breakers)

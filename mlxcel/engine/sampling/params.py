@@ -58,14 +58,9 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError (one line) for the first out-of-range field."""
-        for kind in (float, int):  # each number knob's type, from the one table of knobs
-            for knob in SAMPLING_KNOBS:
-                if knob.kind is kind and not knob.negative_unset:  # the seed may be None
-                    for name in knob.params:
-                        _check_type(name, getattr(self, name), kind)
-        for knob in SAMPLING_KNOBS:  # each knob's range, from the same table
+        for knob in SAMPLING_KNOBS:  # each knob's type and range, from the one table
             for name in knob.params:
-                knob.check_range(name, getattr(self, name))
+                knob.check(name, getattr(self, name))
         for token in self.dry_sequence_breakers:
             _check(
                 isinstance(token, int) and not isinstance(token, bool) and token >= 0,
@@ -118,6 +113,13 @@ class SamplingKnob:
     def name(self) -> str:
         """The request body field name."""
         return self.request[0]
+
+    def check(self, name: str, value: Any) -> None:
+        """Raise ValueError (one line, naming `name`) when `value` is not of the knob's type
+        (a finite number for a float knob, an integer for an int one) or out of bounds."""
+        if self.kind in (float, int) and not self.negative_unset:  # the seed may be None
+            _check_type(name, value, self.kind)
+        self.check_range(name, value)
 
     def check_range(self, name: str, value: float) -> None:
         """Raise ValueError (one line) when `value` of param `name` is out of the bounds
