@@ -38,6 +38,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -167,14 +168,15 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def write_synthetic_llama(path: Path) -> Path:
-    """A random-weight llama GGUF of about 1 GB in Q4_K_M's mix of K-quants (see module doc)."""
+def write_synthetic_llama(path: Path, dims: Mapping[str, int] = SYNTHETIC) -> Path:
+    """A random-weight llama GGUF in Q4_K_M's mix of K-quants (see module doc), of about 1 GB
+    with the default `dims` (widths multiples of 256, as K-quant blocks are)."""
     sys.path.insert(0, str(ROOT / "tests"))
     import gguf
     from fixtures.gguf_quant_blocks import random_blocks
     from fixtures.tiny_spm import add_spm_vocabulary, spm_vocabulary
 
-    c = SYNTHETIC
+    c = dims
     hidden, kv = c["hidden"], c["kv_heads"] * c["hidden"] // c["heads"]
     pieces, scores, types = spm_vocabulary(path)
     pad = c["vocab"] - len(pieces)
@@ -184,8 +186,9 @@ def write_synthetic_llama(path: Path) -> Path:
     rng = np.random.default_rng(0)
 
     def blocks(kind: str, rows: int, width: int) -> tuple[np.ndarray, Any]:
-        template = random_blocks(kind, _TEMPLATE_ROWS, width, rng, largest=0.05)
-        return np.tile(template, (rows // _TEMPLATE_ROWS, 1)), gguf.GGMLQuantizationType[kind]
+        template = random_blocks(kind, min(rows, _TEMPLATE_ROWS), width, rng, largest=0.05)
+        data = np.tile(template, (-(-rows // len(template)), 1))[:rows]
+        return data, gguf.GGMLQuantizationType[kind]
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("synthetic-llama-1gb")
