@@ -141,6 +141,28 @@ def test_completions_n_choices(server: str) -> None:
     assert [streamed[0], streamed[1]] == [c["text"] for c in answer["choices"]]
 
 
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        ({"n_predict": 2, "max_tokens": 5}, 2),
+        ({"n_predict": 2, "max_completion_tokens": 5}, 2),
+        ({"n_predict": 3}, 3),
+    ],
+)
+def test_openai_routes_read_n_predict_first(
+    server: str, limits: dict[str, int], expected: int
+) -> None:
+    """llama-server reads `n_predict` before `max_tokens` on every route; the OpenAI routes
+    ignored it and generated up to the context."""
+    common = {"ignore_eos": True, "cache_prompt": False, "temperature": 0, **limits}
+    for path, body in (
+        ("/v1/chat/completions", {"messages": HI, **common}),
+        ("/v1/completions", {"prompt": "Once upon", **common}),
+    ):
+        answer = _post(server, path, body).json()
+        assert answer["usage"]["completion_tokens"] == expected, (path, answer)
+
+
 @pytest.mark.parametrize("n", [0, 17])
 def test_n_out_of_range_is_400(server: str, n: int) -> None:
     for path, body in (

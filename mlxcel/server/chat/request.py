@@ -15,6 +15,7 @@ from pydantic import Field
 
 from mlxcel.server.errors import bad_request
 from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
+from mlxcel.server.token_limit import TokenLimitFields
 
 THINKING_BUDGET_FIELDS = ("thinking_budget_tokens", "thinking_token_budget", "thinking_budget")
 """Per-request aliases of `--reasoning-budget`, first match wins."""
@@ -38,7 +39,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 """chat_template_kwargs keys that would override what the server renders (400)."""
 
 
-class ChatOptions(SamplingFields):
+class ChatOptions(SamplingFields, TokenLimitFields):
     """Sampling knobs and chat switches of a chat body (unknown fields allowed)."""
 
     max_completion_tokens: int | None = Field(None, ge=-1)
@@ -51,10 +52,11 @@ class ChatOptions(SamplingFields):
     continue_final_message: bool = False
 
     def token_limit(self) -> int | None:
-        """`max_completion_tokens`, else `max_tokens` (None: the server default)."""
+        """llama-server's `n_predict`, else `max_completion_tokens`, else `max_tokens` (None:
+        the server default)."""
         if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
+            return self.llama_limit(self.max_completion_tokens)
+        return self.llama_limit(self.max_tokens)
 
     def logprobs_count(self) -> int | None:
         """Alternatives per token for the engine (None: logprobs off)."""

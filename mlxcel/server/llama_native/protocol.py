@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from mlxcel.engine.sampling.params import SAMPLING_KNOBS
 from mlxcel.server.errors import bad_request
 from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
+from mlxcel.server.token_limit import TokenLimitFields
 
 if TYPE_CHECKING:
     from mlxcel.config import Settings
@@ -43,12 +44,11 @@ MULTIMODAL_KEY = "multimodal_data"
 """The keys of llama-server's JSON-object prompt (`{"prompt_string": ..., ...}`)."""
 
 
-class NativeCompletionRequest(SamplingFields):
+class NativeCompletionRequest(SamplingFields, TokenLimitFields):
     """POST /completion (and /completions): llama-server's native completion body."""
 
     model: str | None = None
     prompt: Any = ""
-    n_predict: int | None = Field(None, ge=-2)
     stream: bool = False
     n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
     # With `n_probs`: probabilities (`prob`, `top_probs`) of the distribution the token was
@@ -82,11 +82,8 @@ class NativeCompletionRequest(SamplingFields):
             self.logit_bias = native_logit_bias(self.native_logit_bias, tokenizer)
 
     def token_limit(self) -> int | None:
-        """`n_predict`, else `max_tokens`; -1 and -2 (until the context fills) read as None."""
-        value = self.n_predict if self.n_predict is not None else self.max_tokens
-        if value is None or value < 0:
-            return None
-        return value
+        """`n_predict`, else `max_tokens` (None: the server's `--predict`)."""
+        return self.llama_limit(self.max_tokens)
 
 
 class InfillRequest(NativeCompletionRequest):

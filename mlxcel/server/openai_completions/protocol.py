@@ -8,11 +8,12 @@ from pydantic import Field
 
 from mlxcel.server.openai_common import StreamOptions
 from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
+from mlxcel.server.token_limit import TokenLimitFields
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, TokenLimitFields):
     """POST /v1/completions: one prompt (text or token ids), one choice."""
 
     model: str | None = None
@@ -24,3 +25,7 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
+
+    def token_limit(self) -> int | None:
+        """llama-server's `n_predict`, else `max_tokens` (None: the server default)."""
+        return self.llama_limit(self.max_tokens)

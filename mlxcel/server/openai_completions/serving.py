@@ -73,7 +73,7 @@ class CompletionServing:
             tokenizer=tokenizer,
             family=state.model_info.family if state.model_info else None,
             prompt_tokens=tokens,
-            max_tokens=body.max_tokens,
+            max_tokens=body.token_limit(),
             priority=priority,
             logprobs=body.logprobs,
         )
