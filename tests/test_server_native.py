@@ -485,6 +485,23 @@ def test_detokenize_out_of_vocabulary(http: httpx.Client) -> None:
     error_of(http.post("/detokenize", json={"tokens": ["a"]}), 400, "invalid_request_error")
 
 
+def test_tokenize_parse_special(http: httpx.Client) -> None:
+    """llama-server's `parse_special` (default true): false tokenizes special-token text as
+    plain text. It was ignored, so the text became the special token's one id."""
+    eos = http.get("/props").json()["eos_token"]
+    text = f"Hi{eos}"
+
+    def ids(**extra: Any) -> list[int]:
+        body = {"content": text, "add_special": False, **extra}
+        return list(http.post("/tokenize", json=body).json()["tokens"])
+
+    parsed, literal = ids(), ids(parse_special=False)
+    assert ids(parse_special=True) == parsed
+    (eos_id,) = ids(parse_special=True)[len(tokenize(http, "Hi", add_special=False)) :]
+    assert eos_id in parsed and eos_id not in literal and len(literal) > len(parsed)
+    assert http.post("/detokenize", json={"tokens": literal}).json() == {"content": text}
+
+
 def test_tokenize_errors(http: httpx.Client) -> None:
     error_of(http.post("/tokenize", json={}), 400, "invalid_request_error")
     error_of(http.post("/tokenize", json={"content": 12}), 400, "invalid_request_error")

@@ -42,11 +42,35 @@ class Tokenizer:
             chat_template if chat_template is not None else _template_of(hf_tokenizer)
         )
         self.vocab_size: int = len(hf_tokenizer)
+        self._literal_tokenizer: Any = None
         self.grammar_backends = GrammarBackends(self)  # built at their first use
 
-    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
-        """Token ids of `text`; `add_special` adds BOS/EOS the way the model wants them."""
-        return list(self.hf.encode(text, add_special_tokens=add_special))
+    def encode(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        """Token ids of `text`; `add_special` adds BOS/EOS the way the model wants them.
+        `parse_special=False` reads special-token text (`<|im_start|>`) as plain text."""
+        if parse_special:
+            return list(self.hf.encode(text, add_special_tokens=add_special))
+        if self._fast is None:
+            return list(
+                self.hf.encode(text, add_special_tokens=add_special, split_special_tokens=True)
+            )
+        return list(self._literal().encode(text, add_special_tokens=add_special).ids)
+
+    def _literal(self) -> Any:
+        """A copy of the Rust tokenizer that encodes special tokens as text, built at first
+        use (the shared one's `encode_special_tokens` switch is not per call: flipping it
+        would race with other threads' encodes)."""
+        if self._literal_tokenizer is None:
+            from tokenizers import Tokenizer as RustTokenizer
+
+            assert self._fast is not None  # callers check
+
+            copy = RustTokenizer.from_str(self._fast.to_str())
+            copy.encode_special_tokens = True
+            self._literal_tokenizer = copy
+        return self._literal_tokenizer
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         """The text of `ids`."""

@@ -101,6 +101,7 @@ class TokenizeRequest(BaseModel):
 
     content: str
     add_special: bool = False
+    parse_special: bool = True  # False: special-token text is tokenized as plain text
     with_pieces: bool = False
 
 

@@ -44,7 +44,7 @@ async def infill(raw: Request, state: ServerState = Depends(get_state)) -> Respo
 async def tokenize(raw: Request, state: ServerState = Depends(get_state)) -> dict[str, Any]:
     """Token ids of `content` (with `with_pieces`: `{id, piece}` objects)."""
     body = await parse_body(raw, TokenizeRequest)
-    return await NativeServing(state).tokenize(body.content, body.add_special, body.with_pieces)
+    return await NativeServing(state).tokenize(body)
 
 
 @router.post("/detokenize")

@@ -21,6 +21,7 @@ from mlxcel.server.llama_native.protocol import (
     InfillRequest,
     NativeCompletionRequest,
     PromptPart,
+    TokenizeRequest,
     split_prompts,
 )
 from mlxcel.server.openai_common import (
@@ -174,11 +175,16 @@ class NativeServing:
 
     # ----------------------------------------------------------- tokenizer routes
 
-    async def tokenize(self, content: str, add_special: bool, with_pieces: bool) -> dict[str, Any]:
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
         """POST /tokenize: ids, or `{id, piece}` objects with `with_pieces`."""
         tokenizer = self.tokenizer
-        ids = await run_in_threadpool(tokenizer.encode, content, add_special=add_special)
-        if not with_pieces:
+        ids = await run_in_threadpool(
+            tokenizer.encode,
+            body.content,
+            add_special=body.add_special,
+            parse_special=body.parse_special,
+        )
+        if not body.with_pieces:
             return {"tokens": ids}
         return {"tokens": [{"id": t, "piece": piece_value(tokenizer, t)} for t in ids]}
 
