@@ -1,7 +1,8 @@
 """Where a GGUF model's memory goes after `load_model`: RSS and MLX active memory against the
 file size, and what of RSS is the runtime, the weights and the tokenizer.
 
-    .venv/bin/python bench/gguf_memory.py [-m FILE.gguf] [--cpu-dtype auto] [--synthetic]
+    .venv/bin/python bench/gguf_memory.py [-m FILE.gguf] [--cpu-dtype auto]
+        [--synthetic [--synthetic-vocab 32000]]
 
 Without `-m` it measures the shipped Gemma 3 270M Q4_K_M (bench/gguf_vs_llama.py assembles
 it). Every figure comes from a fresh process, all in one run, with a model store of its own:
@@ -24,9 +25,10 @@ it). Every figure comes from a fresh process, all in one run, with a model store
 `--synthetic` also writes a random-weight llama GGUF of about 1 GB in K-quants (Q4_K_M's
 mix as llama.cpp's quantizer makes it: Q4_K, Q6_K for the output head and for attn_v and
 ffn_down in the layers its `use_more_bits` picks, half of them; the tests' random blocks,
-a 32000-piece SentencePiece vocabulary: the tests' tiny one, padded) into a temporary
-directory and measures it the same way: a file of the size people run, where the fixed
-runtime weighs a quarter of what it does against the 241 MiB Gemma 3 270M.
+a 32000-piece SentencePiece vocabulary: the tests' tiny one, padded; `--synthetic-vocab`
+sets its size) into a temporary directory and measures it the same way: a file of the size
+people run, where the fixed runtime weighs a quarter of what it does against the 241 MiB
+Gemma 3 270M.
 
 The target (issue 27, item 1) is RSS and MLX active memory at most 1.3x the file size.
 """
@@ -269,15 +271,16 @@ def print_verdicts(stored: dict[str, Any], size: int) -> None:
         print(f"{name} after load: {value / size:.2f}x the file, target <= {TARGET}x: {verdict}")
 
 
-def synthetic_section(cpu_dtype: str) -> None:
-    """Write the synthetic ~1 GB llama, measure its loads and print them."""
+def synthetic_section(cpu_dtype: str, vocab: int) -> None:
+    """Write the synthetic llama (a `vocab`-piece vocabulary), measure its loads, print them."""
+    dims = {**SYNTHETIC, "vocab": vocab}
     with tempfile.TemporaryDirectory(prefix="mlxcel-memory-1gb-") as directory:
-        path = write_synthetic_llama(Path(directory) / "synthetic-llama-q4_k_m.gguf")
+        path = write_synthetic_llama(Path(directory) / "synthetic-llama-q4_k_m.gguf", dims)
         size = path.stat().st_size
         store = Path(directory) / "store"
         loads = measure(str(path), cpu_dtype, str(store))
     stored = loads["from the store"]
-    print(f"\nsynthetic llama (random K-quant weights, {SYNTHETIC}): ", end="")
+    print(f"\nsynthetic llama (random K-quant weights, {dims}): ", end="")
     print(f"{size:,} bytes ({size / MIB:.1f} MiB)")
     print(f"loaded as: {stored['quantization']}")
     print_loads(loads, size)
@@ -302,6 +305,13 @@ def main() -> None:
         "--synthetic",
         action="store_true",
         help="also measure a random-weight ~1 GB K-quant llama GGUF (written to a temp dir)",
+    )
+    parser.add_argument(
+        "--synthetic-vocab",
+        type=int,
+        default=SYNTHETIC["vocab"],
+        help="the synthetic llama's vocabulary size (default 32000; Gemma's is 262144, "
+        "which adds 2 x 262144 x 2048 weights too)",
     )
     args = parser.parse_args()
     path = args.model or shipped_gemma3()
@@ -349,7 +359,7 @@ def main() -> None:
         print(f"floor, {name}: {mib(value).strip()}, {value / size:.2f}x the file")
     print_verdicts(stored, size)
     if args.synthetic:
-        synthetic_section(args.cpu_dtype)
+        synthetic_section(args.cpu_dtype, args.synthetic_vocab)
 
 
 if __name__ == "__main__":
