@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,34 @@ def test_erase_forgets_the_slot(server: ServeProcess) -> None:
         assert first["tokens_cached"] <= body["n_erased"] <= first["tokens_cached"] + 1
         again = _complete(client, prompt)
         assert again["timings"]["cache_n"] == 0
+
+
+def test_an_action_on_a_busy_slot_waits_for_its_task(server: ServeProcess) -> None:
+    """llama-server defers a slot action until the slot's task ends. An erase sent while
+    the slot generated answered at once (it forgot the slot's old cache) and the task then
+    stored its own: the slot was not empty after a successful erase."""
+    body = {
+        "prompt": "Busy: " + PROMPT, "n_predict": 600, "ignore_eos": True, "stream": True,
+        "id_slot": 1, "temperature": 0, "cache_prompt": True,
+    }  # fmt: skip
+    answers: list[httpx.Response] = []
+    with server.client() as client, client.stream("POST", "/completion", json=body) as stream:
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # the slot is busy
+        eraser = threading.Thread(target=lambda: answers.append(_action(client, 1, "erase")))
+        eraser.start()
+        last = [json.loads(line[6:]) for line in lines if line.startswith("data: ")][-1]
+        eraser.join(120)
+    assert last["stop"] and last["tokens_predicted"] == 600
+    (erased,) = answers
+    assert erased.status_code == 200, erased.text
+    # the finished task's cache: its prompt and what it generated
+    assert erased.json()["n_erased"] >= last["tokens_evaluated"] + 599
+    with server.client() as client:
+        slots = client.get("/slots").json()
+        assert not slots[1]["is_processing"]
+        again = client.post("/completion", json={**body, "stream": False, "n_predict": 1})
+        assert again.json()["timings"]["cache_n"] == 0
 
 
 def test_missing_and_damaged_files_are_clean_errors(server: ServeProcess, save_dir: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse
 
 from mlxcel import __version__
@@ -251,6 +251,20 @@ _SLOT_FIELDS = {
 }
 
 
+_SLOT_POLL_S = 0.05
+
+
+async def _slot_idle(engine: GenerationEngine, slot: int, raw: Request) -> None:
+    """Wait while `slot` runs a task, as llama-server defers a slot action until its slot
+    is free: the action then sees the KV cache the task left (an erase answered at once
+    forgot the old cache, and the task stored its own after it). A client that leaves ends
+    the wait."""
+    while engine.snapshot().slots[slot].state != "idle":
+        if await raw.is_disconnected():
+            raise ClientDisconnect
+        await asyncio.sleep(_SLOT_POLL_S)
+
+
 @router.post("/slots/{id_slot}")
 async def slot_action(
     id_slot: str, raw: Request, state: ServerState = Depends(get_state)
@@ -278,6 +292,7 @@ async def slot_action(
     snap = engine.snapshot()
     files = SlotFiles(Path(directory or "."), state.prompt_cache, snap.kv_type, state.model_name)
     if action == "erase":
+        await _slot_idle(engine, slot, raw)
         return {"id_slot": slot, "n_erased": files.erase(slot)}
     if not directory:
         raise _not_supported(
@@ -288,6 +303,7 @@ async def slot_action(
     if not isinstance(parsed, dict):
         raise bad_request("request body must be a JSON object")
     filename = parsed.get("filename")
+    await _slot_idle(engine, slot, raw)
     run = files.save if action == "save" else files.restore
     try:
         done = await asyncio.to_thread(run, slot, filename)
