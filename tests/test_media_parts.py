@@ -94,6 +94,17 @@ def test_tool_result_images_are_collected_too() -> None:
     assert out[0]["content"] == [{"type": "image"}] and len(inputs.images) == 1
 
 
+def test_text_kinds_beside_media() -> None:
+    """A refusal part reads as its text beside media as on a text-only model."""
+    messages = [
+        {"role": "assistant", "content": [
+            {"type": "refusal", "refusal": "no"},
+            {"type": "image_url", "image_url": {"url": _png_uri()}}]},
+    ]  # fmt: skip
+    out, _ = _collect(messages, VISION)
+    assert out[0]["content"] == [{"type": "text", "text": "no"}, {"type": "image"}]
+
+
 def test_text_only_models_refuse_media_parts() -> None:
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_uri()}}]}]
     with pytest.raises(MediaError, match="does not accept image"):

@@ -527,6 +527,28 @@ def test_apply_template(http: httpx.Client) -> None:
     error_of(http.post("/apply-template", json={}), 400, "invalid_request_error")
 
 
+def test_text_kinds_of_content_parts(http: httpx.Client) -> None:
+    """OpenAI's text parts: an assistant's `refusal` part (chat) and the Responses kinds
+    `input_text` / `output_text` are text. A text-only model refused `refusal` and
+    `output_text` ("not supported by this model (text only)"), a vision model `refusal`."""
+    messages = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Say no."}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I refuse."}]},
+        {"role": "user", "content": [{"type": "output_text", "text": "Why?"}]},
+    ]
+    response = http.post("/apply-template", json={"messages": messages})
+    assert response.status_code == 200, response.text
+    prompt = response.json()["prompt"]
+    assert prompt.index("Say no.") < prompt.index("I refuse.") < prompt.index("Why?")
+    chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert chat.status_code == 200, chat.text
+    bad = [{"role": "assistant", "content": [{"type": "refusal", "text": "no key"}]}]
+    message = error_of(
+        http.post("/v1/chat/completions", json={"messages": bad}), 400, "invalid_request_error"
+    )
+    assert message == "messages[0].content: a refusal part needs a string 'refusal'"
+
+
 # ------------------------------------------------------------------------- prompt parsing
 
 

@@ -9,8 +9,9 @@ from typing import Any
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
-# Content-part types that carry text, and the key their text is under.
-_TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
+"""Content-part types that carry text, and the key their text is under (OpenAI's chat and
+Responses kinds; an assistant's `refusal` part reads as its text)."""
 # Content-part types that carry media, and the input kind each one is.
 _MEDIA_PARTS = {
     "image_url": "image",
@@ -145,8 +146,8 @@ def _normalize_content(
         if not isinstance(part, Mapping):
             raise ValueError(f"{where}: content part {i} must be an object")
         kind = part.get("type")
-        if kind in _TEXT_PARTS:
-            text = part.get(_TEXT_PARTS[kind])
+        if kind in TEXT_PARTS:
+            text = part.get(TEXT_PARTS[kind])
             if not isinstance(text, str):
                 raise ValueError(f"{where}: content part {i} ({kind}) has no text")
             texts.append(text)

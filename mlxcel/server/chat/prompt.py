@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
-from mlxcel.engine.chat.messages import strip_think_blocks
+from mlxcel.engine.chat.messages import TEXT_PARTS, strip_think_blocks
 from mlxcel.engine.prompting import PromptError, render_chat
 from mlxcel.engine.vision.inputs import VisionInputs
 from mlxcel.server.errors import APIError, bad_request, scrub_paths
@@ -50,10 +50,12 @@ def _flatten_content(where: str, content: str | list[dict[str, Any]] | None) -> 
     texts: list[str] = []
     for part in content:
         kind = part.get("type")
-        if kind in ("text", "input_text"):
-            text = part.get("text")
+        if kind in TEXT_PARTS:
+            text = part.get(TEXT_PARTS[kind])
             if not isinstance(text, str):
-                raise bad_request(f"{where}.content: a text part needs a string 'text'")
+                raise bad_request(
+                    f"{where}.content: a {kind} part needs a string '{TEXT_PARTS[kind]}'"
+                )
             texts.append(text)
         else:
             raise bad_request(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mlxcel.engine.chat.messages import TEXT_PARTS
 from mlxcel.engine.errors import InvalidRequestError
 from mlxcel.engine.media.audio import decode_wav
 from mlxcel.engine.media.errors import MediaError
@@ -151,15 +152,13 @@ def _url(where: str, value: Any) -> str:
     return url
 
 
-_TEXT_KINDS = frozenset({"text", "input_text", "output_text"})
-
-
 def _text_part(where: str, part: Any) -> dict[str, Any]:
     """A text part as chat templates read it (`{"type": "text", "text": ...}`)."""
-    if not isinstance(part, Mapping) or part.get("type") not in _TEXT_KINDS:
+    if not isinstance(part, Mapping) or part.get("type") not in TEXT_PARTS:
         kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
         raise MediaError(f"{where}: '{kind}' content parts are not supported")
-    text = part.get("text")
+    key = TEXT_PARTS[part["type"]]
+    text = part.get(key)
     if not isinstance(text, str):
-        raise MediaError(f"{where}: a text part needs a string 'text'")
+        raise MediaError(f"{where}: a {part['type']} part needs a string '{key}'")
     return {"type": "text", "text": text}

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mlxcel.engine.chat.messages import TEXT_PARTS
 from mlxcel.server.chat.request import ChatTurn
 from mlxcel.server.errors import APIError
 from mlxcel.server.openai_common import new_id
 
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
-TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning", "compaction")
 ITEM_ID_PREFIXES = {
     "message": "msg_",
