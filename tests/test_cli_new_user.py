@@ -132,7 +132,7 @@ def test_help_shows_no_bool_metavar_and_generate_shows_defaults() -> None:
     for shown in ("[default: (0.8)]", "[default: (40)]", "[default: (the built-in SmolLM2)]"):
         assert shown in help_text
     # The defaults help shows are the settings' own.
-    from commands.common import SETTING_DEFAULTS
+    from mlxcel.commands.common import SETTING_DEFAULTS
 
     for name, text in SETTING_DEFAULTS.items():
         assert text == _show_value(field_meta(name).default), name
