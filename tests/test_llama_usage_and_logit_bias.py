@@ -97,3 +97,41 @@ def test_ignore_eos_lists_the_banned_end_tokens_in_logit_bias(server: str) -> No
         f"{server}/completion", json={**body, "logit_bias": [[7, 2.5]]}, headers=AUTH, timeout=120
     ).json()["generation_settings"]["logit_bias"]
     assert boosted == [{"bias": 2.5, "token": 7}]
+
+
+@pytest.mark.parametrize("key", ["²", "٣", "1_000", "7 ", "0x7"])
+def test_logit_bias_keys_that_are_not_decimal_ids(server: str, key: str) -> None:
+    """A key is a token id only as llama-server's strtol reads one (whitespace, sign, ASCII
+    digits to its end). `²` was a 500 on /completion (`isdigit` let it through to `int`);
+    `٣` and `1_000` became ids 3 and 1000 (Python's `int`). /completion biases such a key's
+    text tokens; the OpenAI routes, which take ids only, refuse it."""
+    body: dict[str, Any] = {"prompt": "Once upon a time", "n_predict": 1, "logit_bias": {key: 2}}
+    native = httpx.post(f"{server}/completion", json=body, headers=AUTH, timeout=120)
+    assert native.status_code == 200, native.text
+    text_ids = httpx.post(
+        f"{server}/tokenize", json={"content": key}, headers=AUTH, timeout=120
+    ).json()["tokens"]
+    biased = native.json()["generation_settings"]["logit_bias"]
+    assert biased == [{"bias": 2.0, "token": t} for t in dict.fromkeys(text_ids)]
+    chat = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 1,
+            "logit_bias": {key: 2},
+        },
+        headers=AUTH,
+        timeout=120,
+    )
+    assert chat.status_code == 400, chat.text
+    assert chat.json()["error"]["message"] == f"logit_bias: keys must be token ids, not {key!r}"
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_logit_bias_keys_read_as_strtol_does(server: str) -> None:
+    body: dict[str, Any] = {"prompt": "Once upon a time", "n_predict": 1}
+    for key in (" 7", "+7", "7"):
+        native = httpx.post(
+            f"{server}/completion", json={**body, "logit_bias": {key: 2}}, headers=AUTH, timeout=120
+        )
+        assert native.json()["generation_settings"]["logit_bias"] == [{"bias": 2.0, "token": 7}]

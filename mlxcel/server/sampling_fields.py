@@ -10,6 +10,7 @@ server's defaults filled in.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -214,15 +215,25 @@ def _breaker_ids(tokenizer: Tokenizer, breakers: list[int | str]) -> tuple[int, 
     return tuple(sorted(ids))
 
 
+_TOKEN_ID_KEY = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+
+
+def token_id_key(key: str) -> int | None:
+    """A `logit_bias` key as a token id, read as llama-server reads it (`strtol` to the key's
+    end: leading whitespace, a sign, ASCII digits); None for anything else. Python's `int`
+    also took `1_000` and other scripts' digits (`٣`), and `str.isdigit` lets `²` through to
+    an `int` that raises."""
+    return int(key) if _TOKEN_ID_KEY.fullmatch(key) else None
+
+
 def _logit_bias(tokenizer: Tokenizer, bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
     if len(bias) > MAX_LOGIT_BIAS:
         raise bad_request(f"logit_bias: at most {MAX_LOGIT_BIAS} entries are allowed")
     out: list[tuple[int, float]] = []
     for key, value in bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise bad_request(f"logit_bias: keys must be token ids, not {key!r}") from None
+        token = token_id_key(key)
+        if token is None:
+            raise bad_request(f"logit_bias: keys must be token ids, not {key!r}")
         if not tokenizer.is_valid_id(token):
             raise bad_request(f"logit_bias: token id {token} is out of vocabulary range")
         # OpenAI's range is [-100, 100]; -100 bans the token outright.
@@ -311,4 +322,5 @@ __all__ = [
     "per_choice",
     "resolve_cache_prompt",
     "to_generation_request",
+    "token_id_key",
 ]

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from mlxcel.engine.sampling.params import SAMPLING_KNOBS
 from mlxcel.server.errors import bad_request
-from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
+from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields, token_id_key
 from mlxcel.server.token_limit import TokenLimitFields
 
 if TYPE_CHECKING:
@@ -184,8 +184,8 @@ def native_logit_bias(value: Any, tokenizer: Tokenizer) -> dict[str, float]:
         bias = _bias_value(raw)
         if isinstance(key, int) and not isinstance(key, bool):
             ids = [key]
-        elif isinstance(key, str) and key.strip().lstrip("-").isdigit():
-            ids = [int(key)]
+        elif isinstance(key, str) and (token := token_id_key(key)) is not None:
+            ids = [token]
         elif isinstance(key, str):
             ids = tokenizer.encode(key, add_special=False)
         else:
