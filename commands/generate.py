@@ -120,6 +120,12 @@ def generate(
         help="CPU threads for mlxcel's CPU kernel (-1: one per core).",
         show_default=SETTING_DEFAULTS["threads"],
     ),
+    pipeline: bool = typer.Option(
+        False,
+        "--pipeline",
+        help="Under mlx.launch: split the model's layers across the ranks (pipeline "
+        "parallel) instead of each layer's weights (tensor parallel).",
+    ),
     cache_type_k: str | None = typer.Option(
         None,
         "--cache-type-k",
@@ -165,6 +171,7 @@ def generate(
         "ignore_eos": ignore_eos or None,
         "cpu_dtype": cpu_dtype,
         "threads": threads,
+        "pipeline": pipeline or None,
         "cache_type_k": cache_type_k,
         "cache_type_v": cache_type_v,
     }

@@ -115,6 +115,7 @@ complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l model
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l n-predict
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l no-chat-template
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l p-less
+complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l pipeline
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l predict
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l presence-penalty
 complete -c mlxcel -n '__fish_seen_subcommand_from generate' -l profile

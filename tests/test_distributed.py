@@ -292,10 +292,10 @@ def test_stopping_rank_0_stops_the_followers(tiny_llama_dir: Path) -> None:
     assert "Traceback" not in group.output
 
 
-def _refused_by_every_rank(args: list[str]) -> str:
+def _refused_by_every_rank(args: list[str], command: str = "serve") -> str:
     """Start two ranks (without the launcher, which stops the other ranks when one fails
     and exits 0 itself); both must exit 2 before rank 0 listens: the first error line."""
-    group = RankGroup(args, launcher=False).launch()
+    group = RankGroup(args, command=command, launcher=False).launch()
     try:
         codes = group.wait_exit(120)
     finally:
@@ -331,6 +331,14 @@ def test_what_a_split_model_cannot_do_stops_before_listening(
     args = [a.replace("{tmp}", str(tmp_path)) for a in extra]
     error = _refused_by_every_rank(["-m", str(tiny_llama_dir), *SERVE, *args])
     assert needle in error, error
+
+
+def test_generate_pipeline_flag_reaches_the_split(tiny_llama_dir: Path) -> None:
+    # `generate --pipeline` asks for layers as `serve --pipeline` does: llama has no
+    # PipelineMixin, so both ranks refuse it with the same line.
+    args = ["-m", str(tiny_llama_dir), "--pipeline", "-n", "1", "Hi"]
+    error = _refused_by_every_rank(args, command="generate")
+    assert "the llama family cannot be split by layers; it can run tensor" in error, error
 
 
 def test_distributed_switch_outside_a_launcher_is_one_error(tiny_llama_dir: Path) -> None:
