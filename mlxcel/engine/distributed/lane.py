@@ -63,6 +63,16 @@ class StepInputs:
     stop: bool = False
 
 
+def other_ranks(rank: int, size: int) -> str:
+    """The ranks of a group of `size` but `rank`, in words ("rank 1", "rank 0 or 2",
+    "rank 0, 1 or 3"): a stalled collective says only that one of them stopped answering,
+    not which."""
+    others = [str(r) for r in range(size) if r != rank]
+    if len(others) <= 1:
+        return f"rank {''.join(others)}"
+    return f"rank {', '.join(others[:-1])} or {others[-1]}"
+
+
 def follower_copy(request: GenerationRequest) -> GenerationRequest:
     """The part of `request` a follower runs: the sampled tokens are rank 0's, so what only
     shapes sampling (a grammar, a thinking budget) stays on rank 0."""
@@ -208,8 +218,9 @@ class DistributedLane:
             if since is not None and time.monotonic() - since > self.timeout:
                 if not self.leader:
                     self._leave_group()
+                who = other_ranks(self.ranks.rank, self.ranks.size)
                 self.broken(
-                    f"a rank of the distributed group stopped answering "
+                    f"{who} of the distributed group stopped answering "
                     f"(no reply within {self.timeout:g} s)"
                 )
                 return
@@ -217,20 +228,26 @@ class DistributedLane:
                 return
 
     def _leave_group(self) -> NoReturn:
-        """A follower that heard no step from rank 0 for `timeout` seconds: its engine
-        thread is blocked in a collective (native code, which no Python exception
-        interrupts), so this ends the process, exit 1, after one line on stderr."""
-        line = (
-            f"mlxcel: error: rank {self.ranks.rank}: rank 0 sent no step for "
-            f"{self.timeout:g} s; leaving the group\n"
-        )
+        """A follower whose step did not complete within `timeout` seconds (rank 0 froze,
+        or with 3 ranks or more maybe another follower): its engine thread is blocked in a
+        collective (native code, which no Python exception interrupts), so this ends the
+        process, exit 1, after one line on stderr."""
         for stream in (sys.stdout, sys.stderr):  # os._exit flushes nothing
             with suppress(OSError, ValueError):
                 stream.flush()
         try:
-            os.write(2, line.encode())
+            os.write(2, self.leave_line().encode())
         finally:
             os._exit(1)
+
+    def leave_line(self) -> str:
+        """The line a follower's watchdog prints before it ends the process: the ranks
+        that may have stopped answering, as the collective cannot tell which one did."""
+        who = other_ranks(self.ranks.rank, self.ranks.size)
+        return (
+            f"mlxcel: error: rank {self.ranks.rank}: no step for {self.timeout:g} s "
+            f"({who} stopped answering); leaving the group\n"
+        )
 
 
 def lane_for(ranks: Ranks | None, timeout: float) -> DistributedLane | None:
