@@ -216,6 +216,20 @@ def test_props_shape(http: httpx.Client, tiny_llama_dir: Path) -> None:
     assert set(props["modalities"]) == {"vision", "video", "audio"}
 
 
+def test_get_routes_answer_head(server: ServeProcess, http: httpx.Client) -> None:
+    """llama-server answers HEAD on its GET routes (load-balancer probes send HEAD /health);
+    they were 405. The GET's status and headers, no body, the key still needed where GET
+    needs it, and the connection stays usable."""
+    for path in ("/health", "/", "/v1/models", "/props", "/slots", "/metrics"):
+        head = http.head(path)
+        get = http.get(path)
+        assert head.status_code == get.status_code == 200, (path, head.text)
+        assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+    assert httpx.head(f"{server.url}/props").status_code == 401
+    assert httpx.head(f"{server.url}/health").status_code == 200
+    assert http.head("/v1/chat/completions").status_code == 405  # a POST route: no HEAD
+
+
 def test_props_post_needs_the_flag(http: httpx.Client, off: httpx.Client) -> None:
     message = error_of(http.post("/props", json={}), 501, "not_supported_error")
     assert "--props" in message

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, TypedDict
 
 from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 
 from mlxcel.server.audio.protocol import MAX_BODY_BYTES
 from mlxcel.server.audio.routes import UPLOAD_PATHS
@@ -139,6 +140,15 @@ def _include_no_chat_model_routes(app: FastAPI, settings: Settings, prefix: str)
     app.include_router(no_chat_model_router(_routers(), settings), prefix=prefix)
 
 
+def answer_head(router: APIRouter) -> None:
+    """Every GET route of `router` answers HEAD too (the GET's status and headers, no
+    body), as llama-server's HTTP library does; FastAPI answered 405, and probes send
+    `HEAD /health`. Before the router is included: the app keeps its own view of it."""
+    for route in router.routes:
+        if isinstance(route, APIRoute) and route.methods and "GET" in route.methods:
+            route.methods.add("HEAD")
+
+
 def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) -> FastAPI:
     """Build the HTTP application around `state` (stored on `app.state.mlxcel`)."""
     settings = state.settings
@@ -154,6 +164,7 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
     if not chat_model_wanted(settings):
         _include_no_chat_model_routes(app, settings, prefix)
     for router in _routers():
+        answer_head(router)
         app.include_router(router, prefix=prefix)
     # Middleware added last runs first: CORS (answers preflights), then the guard, then
     # the wake-up of a sleeping model (`--sleep-idle-seconds`) for the routes that need it.
