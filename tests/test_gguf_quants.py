@@ -141,7 +141,8 @@ def test_mxfp4_loads_bit_for_bit_in_mlx_mxfp4_mode(tmp_path: Path) -> None:
 
 def test_q6_k_keeps_the_larger_sub_block_exact(tmp_path: Path) -> None:
     """A Q6_K group holds two 16-value sub-blocks: the one with the larger |scale| is on the
-    8-bit grid (a quarter of its step), the other within an eighth of that step."""
+    8-bit grid (a quarter of its step), the other within an eighth of that step; every bias
+    is -128 times its scale, so the CPU kernel holds the layer in symmetric tiles."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -159,6 +160,24 @@ def test_q6_k_keeps_the_larger_sub_block_exact(tmp_path: Path) -> None:
     step = np.abs(d) * np.abs(sc).max(axis=-1)
     assert held.max() <= 1e-6 * np.abs(reference).max()
     assert np.all(error.max(axis=(-1, -2)) <= step / 8 * 1.001 + 1e-7)
+    assert mx.array_equal(parts["biases"], parts["scales"] * -128.0)
+
+
+def test_q6_k_float16_biases_are_128_scales_below_the_normal_range(tmp_path: Path) -> None:
+    """Stored as float16 (as a file's are), each Q6_K bias is still exactly -128 times its
+    scale where the scales are too small for float16's normal range (rounded first, then
+    multiplied), so the CPU kernel's symmetric tiles take the layer."""
+    from mlxcel.engine.cpu_kernels.layers import symmetric
+
+    raw = random_blocks("Q6_K", 16, 256, np.random.default_rng(7), largest=1e-2)
+    path = write_tensors_gguf(tmp_path / "q6.gguf", {"w.weight": (raw, "Q6_K")})
+    (info,) = read_gguf_header(path).tensors
+    with open(path, "rb") as f:
+        parts = gguf_loader._from_raw(f, info, mx.float16, keep_float=False)
+    scales = parts["scales"]
+    assert scales.dtype == mx.float16
+    assert bool(mx.any((scales != 0) & (mx.abs(scales) < 2.0**-14)))  # subnormal ones
+    assert symmetric(scales, parts["biases"], 8)
 
 
 @pytest.fixture(scope="module")

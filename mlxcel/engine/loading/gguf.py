@@ -65,7 +65,7 @@ from mlxcel.engine.loading.store import ModelStore
 
 log = logging.getLogger(__name__)
 
-_CONVERSION_VERSION = 6  # bump when the stored form changes: older entries are redone
+_CONVERSION_VERSION = 7  # bump when the stored form changes: older entries are redone
 
 # ggml types mx.load decodes exactly (Q4_0, Q4_1, Q8_0 as MLX triplets, group size 32).
 _MX_EXACT = FLOAT_TYPES | {Q4_0, Q4_1, Q8_0}

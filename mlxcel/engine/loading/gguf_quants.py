@@ -12,7 +12,8 @@ a time, so no float copy of a tensor (let alone of the model) is ever made:
   and Q5_K (32-value sub-blocks, value d*sc*q - dmin*m);
 - nearest, 8-bit: Q6_K (16-value sub-blocks, value d*sc*(q-32)), each group of two
   sub-blocks on the grid of the one with the larger |sc| at a quarter of its step: that one
-  exact, the other rounded to an eighth of the larger one's step at most;
+  exact, the other rounded to an eighth of the larger one's step at most; symmetric (each
+  bias -128 times its scale), as Q8_0;
 - nearest, two bits more than the type's nominal width (Q3_K: 5, Q2_K: 4, IQ4_NL and
   IQ4_XS: 6, ...): gguf-py's dequantization of each chunk re-quantized on its group's
   min..max range, at most half a step off. Q2_K/Q3_K sub-blocks of 16 carry their own
@@ -208,11 +209,12 @@ def _q6_k(chunk: np.ndarray, dtype: type) -> Groups:
 
     A super-block of 256 values is 128 bytes of low nibbles, 64 bytes of 2-bit high parts,
     16 int8 scales sc and an f16 d; value d*sc*(q-32) with q 0..63. Each group is laid on
-    the grid of its sub-block with the larger |sc| at a quarter of its step (d*|sc|/4), which
-    holds that sub-block exactly in 8 bits; the other one's values are rounded to it (at
-    most an eighth of the larger one's step off). Units stay within 256 codes: the larger
-    sub-block spans -128..124 (or -124..128) quarters and the other one at most 127 unless
-    its |sc| is as large, where both share a grid.
+    the grid of its sub-block with the larger |sc| at a quarter of its step (d*sc/4, the
+    sign of that sc kept), which holds that sub-block exactly in 8 bits: -128..124 quarter
+    steps; the other one's values are rounded to it (at most an eighth of the larger one's
+    step off, within -127..127), or both share a step where their scales are opposite
+    (sc, -sc). Codes are those units + 128 and each bias -128 times its scale, as Q8_0's:
+    the CPU kernel holds such a layer in its symmetric tiles (8.5 bits a weight, not 9).
     """
     blocks = _blocks(chunk, 210)
     rows, supers = blocks.shape[:2]
@@ -224,20 +226,24 @@ def _q6_k(chunk: np.ndarray, dtype: type) -> Groups:
     q = q.reshape(rows, supers, 8, 2, 16)  # group, sub-block, value
     sc = blocks[..., 192:208].view(np.int8).astype(np.int32).reshape(rows, supers, 8, 2)
     d = _half(blocks[..., 208:210])
-    larger = np.abs(sc).max(axis=-1)  # (rows, supers, 8)
+    # the larger |sc| of each group, its sign kept (the first of two equal ones)
+    larger = np.take_along_axis(sc, np.abs(sc).argmax(axis=-1)[..., None], axis=-1)[..., 0]
     # opposite scales (sc, -sc) span 257 quarter steps: their common step holds both
     parts = np.where(sc[..., 0] == -sc[..., 1], 1, 4)
     units = np.divide(
         (parts[..., None] * sc)[..., None] * q,
         larger[..., None, None],
         out=np.zeros(q.shape, np.float64),
-        where=larger[..., None, None] > 0,
+        where=larger[..., None, None] != 0,
     )
     units = np.rint(units).reshape(rows, supers, 8, GROUP_SIZE)
-    lowest = units.min(axis=-1)
-    codes = (units - lowest[..., None]).astype(np.uint8)  # 0..255: see above
-    scale = d[..., None] * larger.astype(np.float32) / parts
-    return codes.reshape(rows, -1, GROUP_SIZE), scale, scale * lowest.astype(np.float32)
+    codes = (units + 128).astype(np.uint8)  # 0..255: see above
+    # as `dtype` stores it, so that the stored bias is -128 times the stored scale exactly
+    # (float16 scales below its normal range round differently from 128 times them)
+    with np.errstate(over="ignore"):  # out of float16's range: to_affine refuses it
+        stored: np.ndarray = (d[..., None] * larger.astype(np.float32) / parts).astype(dtype)
+    scale = stored.astype(np.float32)
+    return codes.reshape(rows, -1, GROUP_SIZE), scale, scale * -128
 
 
 def _nearest(ggml_type: int, bits: int) -> Decoder:
