@@ -170,6 +170,24 @@ def test_gbnf_grammar_constrains_every_generation_route(http: httpx.Client) -> N
 
 
 @pytest.mark.parametrize(
+    ("grammar", "expected"),
+    [
+        ('root ::= ("ab"{2}){2}', "abababab"),
+        ('root ::= ("a"{2} "b"){2}', "aabaab"),
+        ('root ::= (x{3})? "!"\nx ::= "c"', ("ccc!", "!")),
+    ],
+)
+def test_gbnf_group_of_a_repeated_item(http: httpx.Client, grammar: str, expected: Any) -> None:
+    """A group repeating one repeated item is valid GBNF; llguidance's translation dropped
+    the group's parentheses (`"ab"{2,2}{2,2}`), which its Lark reader refused: a 400."""
+    body = {"prompt": "x", "n_predict": 16, "grammar": grammar, "temperature": 1.0, "seed": 5}
+    answer = http.post("/completion", json=body)
+    assert answer.status_code == 200, answer.text
+    content = answer.json()["content"]
+    assert content in (expected if isinstance(expected, tuple) else (expected,))
+
+
+@pytest.mark.parametrize(
     "extra",
     [
         {"grammar": "root ::= foo"},  # an undefined rule

@@ -7,6 +7,8 @@ like any other Lark grammar; only the llguidance backend can do it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from mlxcel.engine.grammar.base import CompiledGrammar, GrammarBackend, short_error
 from mlxcel.engine.grammar.limits import MAX_SCHEMA_BYTES, InvalidSchema, SchemaTooLarge
 
@@ -14,14 +16,23 @@ MAX_GBNF_BYTES = MAX_SCHEMA_BYTES
 """The largest GBNF grammar accepted (UTF-8 bytes), the same bound as a JSON schema."""
 
 
+def _group_nested_repetitions(translator: Any) -> None:
+    """llguidance's translator (through 1.9.1) takes a repetition for an atom, so a group
+    repeating one repeated item lost its parentheses: `("a"{2}){3}` became `"a"{2,2}{3,3}`
+    and `(x+)?` `x+?`, which its own Lark reader refuses (a 400 for a valid grammar). A
+    repetition is no atom: the outer one keeps the group."""
+    translator.RepetitionNode.is_atomic = lambda self: False
+
+
 def lark_from_gbnf(grammar: str) -> str:
     """The Lark text of the GBNF `grammar`; `SchemaTooLarge` / `InvalidSchema` (HTTP 400)."""
     if len(grammar.encode("utf-8", "surrogatepass")) > MAX_GBNF_BYTES:
         raise SchemaTooLarge(f"grammar: larger than {MAX_GBNF_BYTES} bytes")
-    from llguidance.gbnf_to_lark import gbnf_to_lark
+    from llguidance import gbnf_to_lark as translator
 
+    _group_nested_repetitions(translator)
     try:
-        return gbnf_to_lark(grammar)
+        return str(translator.gbnf_to_lark(grammar))
     except RecursionError:
         raise InvalidSchema("grammar: nested too deeply") from None
     except Exception as exc:  # the translator raises plain Exception for grammar errors
