@@ -187,6 +187,18 @@ def test_gbnf_group_of_a_repeated_item(http: httpx.Client, grammar: str, expecte
     assert content in (expected if isinstance(expected, tuple) else (expected,))
 
 
+def test_gbnf_unicode_escapes(http: httpx.Client) -> None:
+    """`\\uXXXX` and `\\UXXXXXXXX` are GBNF escapes; llguidance's translation dropped
+    their leading zeros (`\\u00e9` as `\\ue9`), which its Lark reader refused: a 400."""
+    grammar = 'root ::= "\\u00e9" [\\u0041-\\u005A] "\\U0001F600" [\\u4e00-\\u9fff] "\\\\u0041"'
+    body = {"prompt": "x", "n_predict": 16, "grammar": grammar, "temperature": 1.0, "seed": 5}
+    answer = http.post("/completion", json=body)
+    assert answer.status_code == 200, answer.text
+    content = answer.json()["content"]
+    assert content[0] == "é" and "A" <= content[1] <= "Z" and content[2] == "😀"
+    assert "\u4e00" <= content[3] <= "\u9fff" and content[4:] == "\\u0041"
+
+
 @pytest.mark.parametrize(
     "extra",
     [

@@ -7,6 +7,7 @@ like any other Lark grammar; only the llguidance backend can do it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mlxcel.engine.grammar.base import CompiledGrammar, GrammarBackend, short_error
@@ -24,6 +25,30 @@ def _group_nested_repetitions(translator: Any) -> None:
     translator.RepetitionNode.is_atomic = lambda self: False
 
 
+_ESCAPE = re.compile(r"\\(?:\\|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
+
+
+def _spell_code_points(grammar: str) -> str:
+    """GBNF's `\\uXXXX` and `\\UXXXXXXXX` escapes spelled so the translator keeps them:
+    it wrote `\\u00e9` as `\\ue9` and `\\U0001F600` as `\\U1F600`, which Lark reads as
+    no escape (a 400 for a valid grammar). Up to U+00FF they become `\\xHH`, which it
+    passes on; above, the character itself (never one GBNF gives a meaning). Escaped
+    backslashes are skipped whole, and surrogates left to fail as before."""
+
+    def spell(match: re.Match[str]) -> str:
+        digits = match.group(1) or match.group(2)
+        if digits is None:
+            return match.group(0)  # an escaped backslash
+        code = int(digits, 16)
+        if code <= 0xFF:
+            return f"\\x{code:02x}"
+        if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF:
+            return match.group(0)
+        return chr(code)
+
+    return _ESCAPE.sub(spell, grammar)
+
+
 def lark_from_gbnf(grammar: str) -> str:
     """The Lark text of the GBNF `grammar`; `SchemaTooLarge` / `InvalidSchema` (HTTP 400)."""
     if len(grammar.encode("utf-8", "surrogatepass")) > MAX_GBNF_BYTES:
@@ -32,7 +57,7 @@ def lark_from_gbnf(grammar: str) -> str:
 
     _group_nested_repetitions(translator)
     try:
-        return str(translator.gbnf_to_lark(grammar))
+        return str(translator.gbnf_to_lark(_spell_code_points(grammar)))
     except RecursionError:
         raise InvalidSchema("grammar: nested too deeply") from None
     except Exception as exc:  # the translator raises plain Exception for grammar errors
