@@ -163,6 +163,20 @@ def test_openai_routes_read_n_predict_first(
         assert answer["usage"]["completion_tokens"] == expected, (path, answer)
 
 
+def test_loop_detection_size_is_bounded(server: str) -> None:
+    """`max_pattern_size` sizes the loop detector's lists: 2**64 made the server grow one
+    until the kernel killed it. Over 4096 is a 400 naming the field; the server stays up."""
+    body = {"prompt": "Once upon", "max_tokens": 2, "min_count": 4}
+    for path in ("/v1/completions", "/completion"):
+        ok = _post(server, path, {**body, "max_pattern_size": 4096})
+        assert ok.status_code == 200, ok.text
+        refused = _post(server, path, {**body, "max_pattern_size": 4097})
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["error"]["message"]
+        assert "max_pattern_size must be at most 4096" in message
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
 @pytest.mark.parametrize("n", [0, 17])
 def test_n_out_of_range_is_400(server: str, n: int) -> None:
     for path, body in (

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from mlxcel.config.process_env import LOOP_DETECTION
 from mlxcel.engine.text.loop_detection import (
     DEFAULT_LOOP,
+    MAX_PATTERN_SIZE,
     LoopDetector,
     LoopParams,
     parse_loop_env,
@@ -85,6 +86,18 @@ def test_invalid_parameters() -> None:
         LoopDetector(LoopParams(3, 5, 4))
     with pytest.raises(ValueError, match="min_count"):
         LoopDetector(LoopParams(3, 1, -1))
+
+
+def test_max_pattern_size_is_bounded() -> None:
+    """The detector's lists are `max_pattern_size` long: 2**64 from a request grew one until
+    the kernel killed the server. Over `MAX_PATTERN_SIZE` is refused before anything is
+    built (the engine never sees it)."""
+    LoopParams(MAX_PATTERN_SIZE, 1, 4).validate()
+    for size in (MAX_PATTERN_SIZE + 1, 2**64):
+        with pytest.raises(ValueError, match=f"at most {MAX_PATTERN_SIZE}"):
+            resolve_loop_params(max_pattern_size=size)
+        with pytest.raises(ValueError, match="max_pattern_size"):
+            parse_loop_env(f"{size},1,4")
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

@@ -21,6 +21,11 @@ from dataclasses import dataclass, replace
 
 from mlxcel.config import process_env
 
+MAX_PATTERN_SIZE = 4096
+"""The longest pattern a request may ask to detect. The detector holds two lists of that
+size and checks every length per token: `max_pattern_size` 2**64 grew a list until the
+kernel killed the server."""
+
 
 @dataclass(frozen=True)
 class LoopParams:
@@ -45,11 +50,17 @@ class LoopParams:
         return max(self.min_pattern_size, 1)
 
     def validate(self) -> None:
-        """Raise ValueError (one line) for negative sizes or min > max."""
+        """Raise ValueError (one line) for negative sizes, a maximum over `MAX_PATTERN_SIZE`
+        or min > max."""
         for name in ("max_pattern_size", "min_pattern_size", "min_count"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"loop detection {name} must be an integer >= 0, not {value!r}")
+        if self.max_pattern_size > MAX_PATTERN_SIZE:
+            raise ValueError(
+                f"loop detection max_pattern_size must be at most {MAX_PATTERN_SIZE}, "
+                f"not {self.max_pattern_size}"
+            )
         if self.enabled and self.min_size > self.max_pattern_size:
             raise ValueError(
                 f"loop detection min_pattern_size ({self.min_pattern_size}) is larger than "
