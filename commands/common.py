@@ -28,10 +28,15 @@ PROFILE_OPTION = typer.Option(
 )
 
 
+def error_line(message: str) -> str:
+    """`message` as the one stderr line of a failed command: `mlxcel: error: ...`."""
+    first = message.strip().splitlines()[0] if message.strip() else "error"
+    return f"mlxcel: error: {first}"
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print one line on stderr and exit with `code`."""
-    first = message.strip().splitlines()[0] if message.strip() else "error"
-    print(f"mlxcel: error: {first}", file=sys.stderr)
+    print(error_line(message), file=sys.stderr)
     raise typer.Exit(code)
 
 

@@ -7,6 +7,7 @@ completion load nothing heavy; each subcommand imports the engine when it runs.
 from __future__ import annotations
 
 import os
+import sys
 
 import typer
 
@@ -23,6 +24,7 @@ from mlxcel.commands import (
     tokenize,
     transcribe,
 )
+from mlxcel.commands.common import error_line
 
 
 def _hide_switch_metavars() -> None:
@@ -78,9 +80,28 @@ app.add_typer(bench.app, name="bench")
 app.command("serve", help=serve.__doc__, context_settings=serve.CONTEXT_SETTINGS)(serve.serve)
 
 
+def _usage_error(exc: typer.TyperException) -> str:
+    """A usage error (a bad flag value, an unknown option, a missing argument) as one stderr
+    line; Typer's own report is a usage line, a hint and a framed box."""
+    text = exc.format_message()
+    text = text[:1].lower() + text[1:].rstrip(".")
+    path = getattr(getattr(exc, "ctx", None), "command_path", None)
+    return error_line(f"{text} (see `{path} -h`)" if path else text)
+
+
 def main() -> None:
     """Console-script entry point."""
     # transformers (imported by mlx-lm and the tokenizer loaders) prints an advisory line,
     # "PyTorch was not found...", on every start without torch, which mlxcel never needs.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    app()
+    try:
+        code = app(standalone_mode=False, prog_name="mlxcel")
+    except typer.TyperException as exc:
+        # A bare `mlxcel` or `mlxcel cache` has printed its help already.
+        if type(exc).__name__ != "NoArgsIsHelpError":
+            print(_usage_error(exc), file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # stdin ended at a confirmation prompt
+        print(error_line("aborted"), file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

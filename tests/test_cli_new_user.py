@@ -149,3 +149,49 @@ def test_docs_links_resolve() -> None:
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, broken
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["generate", "-n", "abc", "hi"],
+            "mlxcel: error: invalid value for '--predict' / '-n' / '--n-predict' / "
+            "'--max-tokens': Input should be a valid integer, unable to parse string as an "
+            "integer (see `mlxcel generate -h`)",
+        ),
+        (
+            ["speak", "--speed", "fast", "hi"],
+            "mlxcel: error: invalid value for '--speed': Input should be a valid number, "
+            "unable to parse string as a number (see `mlxcel speak -h`)",
+        ),
+        (
+            ["rerank", "doc"],
+            "mlxcel: error: missing option '--query' / '-q' (see `mlxcel rerank -h`)",
+        ),
+        (["cache", "info"], "mlxcel: error: missing argument 'name' (see `mlxcel cache info -h`)"),
+        (
+            ["tokenize", "a", "b"],
+            "mlxcel: error: got unexpected extra argument(s) (b) (see `mlxcel tokenize -h`)",
+        ),
+        (
+            ["transcribe", "--xyzzy"],
+            "mlxcel: error: no such option: --xyzzy (see `mlxcel transcribe -h`)",
+        ),
+        (["nosuchcommand"], "mlxcel: error: no such command 'nosuchcommand' (see `mlxcel -h`)"),
+    ],
+)
+def test_usage_errors_are_one_line(args: list[str], line: str) -> None:
+    """A flag the parser refuses gets the one `mlxcel: error:` line every other bad input
+    gets, not Typer's usage line, hint and framed box."""
+    out = _mlxcel(*args)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [line]
+    assert out.stdout == ""
+
+
+def test_bare_group_still_prints_its_help() -> None:
+    for args in ([], ["cache"]):
+        out = _mlxcel(*args)
+        assert out.returncode == 2 and "Usage: mlxcel" in out.stdout
+        assert "error" not in out.stderr
