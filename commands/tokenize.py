@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import typer
 
@@ -18,7 +19,7 @@ def tokenize(
     count: bool = typer.Option(False, "--count", help="Print only the number of tokens."),
     add_special: bool = typer.Option(False, "--add-special", help="Add BOS/EOS as the model does."),
     decode: str | None = typer.Option(
-        None, "--decode", help="Comma-separated ids to turn back into text."
+        None, "--decode", help="Ids (comma- or space-separated) to turn back into text."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     profile: str | None = PROFILE_OPTION,
@@ -58,10 +59,11 @@ def tokenize(
 
 
 def _parse_ids(raw: str) -> list[int]:
-    try:
-        ids = [int(part) for part in raw.replace(" ", "").split(",") if part]
-    except ValueError:
-        fail(f"--decode takes comma-separated integers, not {raw!r}")
-    if not ids:
+    """Ids split by commas and/or whitespace, so tokenize's own output decodes as printed."""
+    parts = [part for part in re.split(r"[,\s]+", raw) if part]
+    bad = next((part for part in parts if not re.fullmatch(r"-?[0-9]+", part)), None)
+    if bad is not None:
+        fail(f"--decode takes integers separated by commas or spaces, not {bad!r}")
+    if not parts:
         fail("--decode needs at least one id")
-    return ids
+    return [int(part) for part in parts]

@@ -195,3 +195,19 @@ def test_default_model_chat_answer(smollm2_gguf: Path) -> None:
     out = run_cli("generate", "--temp", "0", "-n", "16", question)
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
+
+
+def test_tokenize_output_decodes_as_printed(tiny_llama_dir: Path) -> None:
+    """`tokenize` prints ids separated by spaces; `--decode` read "12 34" as the one id 1234
+    (it dropped the spaces), so its own output decoded to another token or none."""
+    model = str(tiny_llama_dir)
+    printed = run_cli("tokenize", "-m", model, "hello world").stdout.strip()
+    assert " " in printed
+    for ids in (printed, printed.replace(" ", ", "), f" {printed}\n"):
+        back = run_cli("tokenize", "-m", model, "--decode", ids)
+        assert back.returncode == 0, back.stderr
+        assert back.stdout.strip() == "hello world"
+    for bad in ("1 x", "\u0663"):  # a word, and a digit Python's int() reads but is not ASCII
+        assert_one_line_error(
+            run_cli("tokenize", "-m", model, "--decode", bad), repr(bad.split()[-1])
+        )
