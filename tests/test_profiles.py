@@ -89,6 +89,10 @@ def _write(tmp_path: Path, text: str, name: str = "p.toml") -> str:
         ('cpu_dtype = "bf16"\n', ("cpu_dtype", "bf16")),
         ("temp = 0.5\n[sampling]\ntemp = 0.6\n", ("temp", "twice")),
         ("temp = = 1\n", ("invalid TOML",)),
+        # A TOML boolean for a number: pydantic's lax mode read it as 1 or 0.
+        ("n_predict = true\n", ("n_predict: expected an integer, got true",)),
+        ("[sampling]\ntemp = false\n", ("sampling.temp: expected a number, got false",)),
+        ("port = true\n", ("port: expected an integer, got true",)),
     ],
 )
 def test_bad_profiles_give_one_line_errors(

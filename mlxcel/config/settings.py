@@ -835,4 +835,10 @@ def validate_values(values: dict[str, Any], label: Callable[[str], str]) -> dict
         msg = msg[:1].lower() + msg[1:]
         got = values.get(key, err.get("input"))
         raise SettingsError(f"{label(key)}: {msg} (got {got!r})") from None
+    for key, value in values.items():
+        kept = getattr(checked, key)
+        # Pydantic's lax mode reads True as 1 and 1.0: a profile's `n_predict = true`.
+        if isinstance(value, bool) and not isinstance(kept, bool):
+            kind = {int: "an integer", float: "a number"}.get(type(kept), type(kept).__name__)
+            raise SettingsError(f"{label(key)}: expected {kind}, got {str(value).lower()}")
     return {key: getattr(checked, key) for key in values}
