@@ -24,7 +24,7 @@ def command_specs() -> list[CommandSpec]:
     """Every command path of the `mlxcel` app with its option spellings."""
     import typer.main
 
-    from mlxcel.cli import app
+    from mlxcel.app import app
     from mlxcel.config import FLAGS
 
     root = typer.main.get_command(app)

@@ -195,3 +195,35 @@ def test_bare_group_still_prints_its_help() -> None:
         out = _mlxcel(*args)
         assert out.returncode == 2 and "Usage: mlxcel" in out.stdout
         assert "error" not in out.stderr
+
+
+CTRL_C_WHILE_IMPORTING = """
+import sys
+
+
+class CtrlC:
+    # What Python does with a Ctrl-C that lands while the CLI still imports its libraries.
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("typer", "rich"):
+            raise KeyboardInterrupt
+        return None
+
+
+sys.meta_path.insert(0, CtrlC())
+from mlxcel.cli import main
+
+main()
+"""
+
+
+def test_ctrl_c_while_the_cli_starts_is_exit_130_without_a_traceback() -> None:
+    """Ctrl-C in the first half second (Typer and rich loading) printed a traceback through
+    the import machinery: the console script imported the app before `main` could catch it."""
+    out = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_IMPORTING, "generate", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 130, out.stderr
+    assert out.stderr == "" and out.stdout == ""

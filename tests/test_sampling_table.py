@@ -77,7 +77,7 @@ def _generate_cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]
     import typer
     from typer.testing import CliRunner
 
-    from mlxcel.cli import app
+    from mlxcel.app import app
 
     seen: dict[str, Any] = {}
 
