@@ -227,3 +227,35 @@ def test_ctrl_c_while_the_cli_starts_is_exit_130_without_a_traceback() -> None:
     )
     assert out.returncode == 130, out.stderr
     assert out.stderr == "" and out.stdout == ""
+
+
+def _cut_weights(source: Path, target: Path) -> Path:
+    """A copy of the model directory `source` whose safetensors files stop halfway, as an
+    interrupted download leaves them."""
+    import shutil
+
+    shutil.copytree(source, target)
+    for file in target.glob("*.safetensors"):
+        data = file.read_bytes()
+        file.write_bytes(data[: len(data) // 2])
+    return target
+
+
+def test_model_dirs_with_cut_off_weights_are_one_line(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """A truncated safetensors file was a traceback from MLX's reader (RuntimeError) for a
+    text model, Whisper and Kokoro; it is one line naming the file."""
+    from fixtures.audio import speech_wav, tiny_kokoro_dir, tiny_whisper_dir
+
+    text = _cut_weights(tiny_llama_dir, tmp_path / "text")
+    whisper = _cut_weights(tiny_whisper_dir(), tmp_path / "whisper")
+    kokoro = _cut_weights(tiny_kokoro_dir(), tmp_path / "kokoro")
+    for args, name in (
+        (["generate", "-m", str(text), "-n", "1", "hi"], "text"),
+        (["transcribe", "-m", str(whisper), str(speech_wav())], "whisper"),
+        (["speak", "-m", str(kokoro), "--phonemes", "-o", os.devnull, "hɛloʊ"], "kokoro"),
+    ):
+        out = _mlxcel(*args)
+        assert out.returncode == 2, out.stderr
+        [line] = out.stderr.strip().splitlines()
+        assert line.startswith(f"mlxcel: error: {name}: "), line
+        assert ".safetensors is truncated or corrupt (" in line, line

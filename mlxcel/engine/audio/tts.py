@@ -110,8 +110,10 @@ def load_kokoro(ref: str | None) -> KokoroModel:
     path, name = locate_kokoro(ref)
     config = _read_config(path) or {}  # locate_kokoro found it
     from mlxcel.engine.loading.safety import check_model_dir
+    from mlxcel.engine.loading.weight_files import check_safetensors
 
     check_model_dir(path)
+    check_safetensors(path, name=name)
     try:
         model = _build(path, config)
     except (OSError, ValueError, KeyError, TypeError) as exc:

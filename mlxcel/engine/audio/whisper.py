@@ -96,8 +96,10 @@ def resolve_whisper(ref: str | None, *, store_dir: str | None = None) -> tuple[P
     if ct2.is_ct2_dir(path):
         return _converted(path, store_dir), name, source
     from mlxcel.engine.loading.safety import check_model_dir
+    from mlxcel.engine.loading.weight_files import check_safetensors
 
     check_model_dir(path)
+    check_safetensors(path, name=name)
     return path, name, source
 
 

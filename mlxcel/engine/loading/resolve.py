@@ -299,10 +299,12 @@ def _load_gguf(path: Path, store_dir: str | None, *, source: str) -> LoadedModel
 
 def _load_mlx_dir(path: Path, *, source: str, name: str, lazy: bool = False) -> LoadedModel:
     from mlxcel.engine.loading.safety import check_model_dir
+    from mlxcel.engine.loading.weight_files import check_safetensors
 
     check_model_dir(path)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{name}: no config.json; not an MLX or Hugging Face model directory")
+    check_safetensors(path, name=name)
     from mlx_lm.utils import load as mlx_lm_load
 
     try:

@@ -65,11 +65,13 @@ def vision_model_path(ref: str | None) -> Path | None:
 def load_vision_model(path: Path, *, name: str, source: str = "mlx") -> LoadedVisionModel:
     """Load the mlx-vlm checkpoint in `path` (no code shipped with a model ever runs)."""
     from mlxcel.engine.loading.safety import check_model_dir
+    from mlxcel.engine.loading.weight_files import check_safetensors
 
     check_model_dir(path)
     config = read_config(path)
     if config is None:
         raise ModelLoadError(f"{name}: no readable config.json")
+    check_safetensors(path, name=name)
     try:
         from mlx_vlm import load as vlm_load
     except ImportError as exc:
