@@ -73,12 +73,14 @@ def resolve(profile: str | None, cli: dict[str, Any]) -> ResolvedSettings:
 def settings_actions(resolved: ResolvedSettings, show: bool, save: str | None) -> bool:
     """Handle `--show-settings` / `--save-profile`; True when the command should stop."""
     if save:
-        from mlxcel.config import save_profile
+        from mlxcel.config import SettingsError, save_profile
 
         try:
             written = save_profile(resolved.settings, save)
         except OSError as exc:
             fail(f"cannot write {save}: {exc.strerror or exc}")
+        except SettingsError as exc:  # a name that is no profile name ('my profile')
+            fail(f"--save-profile: {exc}")
         print(f"mlxcel: settings written to {written}", file=sys.stderr)
     if show:
         from rich.console import Console

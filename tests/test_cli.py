@@ -148,6 +148,13 @@ def test_save_profile_round_trips(tmp_path: Path) -> None:
     assert "profile:" in shown.stdout
 
 
+def test_save_profile_under_a_name_no_profile_has_is_one_line() -> None:
+    """A bare name with a space is neither a path nor a profile name: a traceback
+    (SettingsError out of save_profile), now the line that says so."""
+    out = run_cli("generate", "--save-profile", "my profile", "hi")
+    assert_one_line_error(out, "--save-profile: invalid profile name 'my profile'")
+
+
 def test_tokenize_count_pieces_and_decode(tiny_llama_dir: Path) -> None:
     from transformers import AutoTokenizer
 
