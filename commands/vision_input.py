@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .common import fail
+
+T = TypeVar("T")
 
 
 def load_vision_or_exit(path: Path) -> Any:
@@ -30,6 +33,17 @@ def _read(path: str, what: str) -> bytes:
         return Path(path).expanduser().read_bytes()
     except OSError as exc:
         fail(f"--{what} {path}: {exc.strerror or exc}")
+
+
+def _decoded(path: str, what: str, decode: Callable[[bytes], T]) -> T:
+    """The file's media as `decode` reads it; its MediaError names the file (of several)."""
+    from mlxcel.engine.media import MediaError
+
+    data = _read(path, what)
+    try:
+        return decode(data)
+    except MediaError as exc:
+        raise MediaError(f"--{what} {path}: {exc}") from exc
 
 
 def vision_prompt(
@@ -68,14 +82,17 @@ def vision_prompt(
     if videos and audio and loaded.info.architecture != "gemma4_unified":
         raise MediaError("Combined video and audio inputs are not supported")
     for path in images:
-        inputs.images.append(decode_image(_read(path, "image"), limits.max_image_pixels))
+        inputs.images.append(
+            _decoded(path, "image", lambda data: decode_image(data, limits.max_image_pixels))
+        )
         parts.append({"type": "image"})
     for path in videos:
-        frames = sample_frames(
-            _read(path, "video"),
-            max_frames=video_max_frames,
-            fps=2.0,
-            max_pixels=limits.max_image_pixels,
+        frames = _decoded(
+            path,
+            "video",
+            lambda data: sample_frames(
+                data, max_frames=video_max_frames, fps=2.0, max_pixels=limits.max_image_pixels
+            ),
         )
         if loaded.native_video:
             inputs.videos.append(frames)
@@ -84,7 +101,7 @@ def vision_prompt(
             inputs.images.extend(frames)
             parts.extend({"type": "image"} for _ in frames)
     for path in audio:
-        inputs.audio.append(decode_wav(_read(path, "audio")))
+        inputs.audio.append(_decoded(path, "audio", decode_wav))
         parts.append({"type": "audio"})
     messages: list[dict[str, Any]] = []
     if system:

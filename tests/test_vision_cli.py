@@ -70,3 +70,18 @@ def test_generate_media_errors_are_one_line(model: Path, pictures: dict[str, Pat
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
+
+
+def test_a_bad_media_file_is_named(model: Path, pictures: dict[str, Path], tmp_path: Path) -> None:
+    """Of several --image files, the error named none ('image data is corrupt or
+    truncated'); it names the one that does not decode."""
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(pictures["blue"].read_bytes()[:100])
+    args = ["-m", str(model), "--image", str(pictures["red"]), "--image", str(cut), "hi"]
+    result = _generate(*args, "-n", "2")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"mlxcel: error: --image {cut}: image data is"), line
+    video = _generate("-m", str(model), "--video", str(cut), "hi", "-n", "2")
+    assert video.returncode == 2
+    assert f"mlxcel: error: --video {cut}: " in video.stderr
