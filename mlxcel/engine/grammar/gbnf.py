@@ -22,7 +22,9 @@ def _group_nested_repetitions(translator: Any) -> None:
     repeating one repeated item lost its parentheses: `("a"{2}){3}` became `"a"{2,2}{3,3}`
     and `(x+)?` `x+?`, which its own Lark reader refuses (a 400 for a valid grammar). A
     repetition is no atom: the outer one keeps the group."""
-    translator.RepetitionNode.is_atomic = lambda self: False
+    node = getattr(translator, "RepetitionNode", None)
+    if node is not None and hasattr(node, "is_atomic"):  # a later release may fix or rename it
+        node.is_atomic = lambda self: False
 
 
 _ESCAPE = re.compile(r"\\(?:\\|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
