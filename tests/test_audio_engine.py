@@ -51,6 +51,7 @@ from mlxcel.engine.audio.tts import (
 from mlxcel.engine.audio.whisper import (
     STORE_VARIANT,
     WhisperModel,
+    is_mlx_whisper_dir,
     load_whisper,
     resolve_whisper,
 )
@@ -251,6 +252,25 @@ def test_ct2_model_is_converted_once_into_the_store(tmp_path: Path) -> None:
     assert again == first and (again / "weights.safetensors").stat().st_mtime_ns == stamp
     manifest = json.loads((first / "mlxcel.json").read_text())
     assert manifest["kind"] == "whisper" and manifest["format"] == "ctranslate2"
+
+
+def test_ct2_model_without_a_usable_store_converts_for_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that cannot be written (read-only home, a file in its place) made every
+    `transcribe` on a CTranslate2 model fail ('cannot convert ...'), the shipped tiny.en
+    too, where a GGUF warns and loads; Whisper now does the same."""
+    ct2_dir = write_ct2_whisper(
+        mlx_whisper_weights(tiny_whisper_dir()), TINY_WHISPER_DIMS, tmp_path / "faster-whisper"
+    )
+    not_a_dir = tmp_path / "store"
+    not_a_dir.write_text("a file where the store should be")
+    with caplog.at_level("WARNING"):
+        path, _, source = resolve_whisper(str(ct2_dir), store_dir=str(not_a_dir))
+    assert source == "ctranslate2" and is_mlx_whisper_dir(path)
+    assert not path.is_relative_to(tmp_path)
+    assert "could not save" in caplog.text and str(ct2_dir) in caplog.text
+    assert load_whisper(str(ct2_dir), store_dir=str(not_a_dir)).source == "ctranslate2"
 
 
 def test_shipped_tiny_en_converts_to_mlx_whisper_names(tmp_path: Path) -> None:

@@ -202,8 +202,24 @@ def _converted(source: Path, store_dir: str | None) -> Path:
             variant=STORE_VARIANT,
             manifest={"kind": "whisper", "format": "ctranslate2"},
         )
+    except OSError as exc:  # a read-only or broken store: convert for this process only
+        log.warning("could not save %s to the model store: %s", source, _first_line(exc))
+    return _converted_for_this_run(source)
+
+
+def _converted_for_this_run(source: Path) -> Path:
+    """`source` converted into a temporary directory that is removed when the process ends."""
+    import atexit
+    import shutil
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="mlxcel-whisper-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    try:
+        _convert(source, out)
     except OSError as exc:
         raise ModelLoadError(f"cannot convert {source}: {_first_line(exc)}") from exc
+    return out
 
 
 def _convert(source: Path, out: Path) -> None:
