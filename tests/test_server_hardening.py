@@ -295,6 +295,31 @@ def test_a_head_past_the_parser_limit_gets_the_431_before_the_close(
     assert error["message"] == "request headers too large: the limit is 32768 bytes"
 
 
+def test_a_request_framed_by_both_length_and_chunks_is_refused_and_closed(
+    server: ServeProcess,
+) -> None:
+    # A proxy reading Content-Length and this server reading the chunks would disagree on
+    # where the body ends: the request smuggled after it must never be answered.
+    host, port = server.url.removeprefix("http://").split(":")
+    smuggled = b"GET /props HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = b'{"content": "hi"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = (
+        b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(chunked)
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + chunked + smuggled)
+        reply = b""
+        while part := sock.recv(65536):
+            reply += part
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert reply.count(b"HTTP/1.1 ") == 1  # closed after the 400: the GET got no answer
+    _, _, answer = reply.partition(b"\r\n\r\n")
+    assert json.loads(answer)["error"]["type"] == "invalid_request_error"
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
 # ----------------------------------------------------------------- in-process variants
 
 

@@ -30,6 +30,14 @@ DRAIN_BYTES = 16 * 1024 * 1024  # read and dropped after a protocol error's answ
 DRAIN_SECONDS = 5.0  # how long the client has to stop sending after that answer
 
 
+def _framed_twice(request: h11.Request) -> bool:
+    """Whether `request` gives both a Content-Length and a Transfer-Encoding: a proxy and
+    this server could then disagree on where its body ends (request smuggling), so it is
+    refused and the connection closed (RFC 9112 6.1 requires the close at least)."""
+    names = {name for name, _ in request.headers}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
 class GuardedH11Protocol(H11Protocol):
     """H11Protocol under a ConnectionGuard, its protocol errors in the OpenAI error shape.
 
@@ -54,8 +62,14 @@ class GuardedH11Protocol(H11Protocol):
             except h11.RemoteProtocolError as exc:
                 self._error_status = 431 if exc.error_status_hint == 431 else 400
                 raise
-            if self._overflow and isinstance(event, h11.Request):
-                self.guard.head_received(self)
+            if isinstance(event, h11.Request):
+                if _framed_twice(event):
+                    self._error_status = 400
+                    raise h11.RemoteProtocolError(
+                        "both Content-Length and Transfer-Encoding", error_status_hint=400
+                    )
+                if self._overflow:
+                    self.guard.head_received(self)
             return event
 
         self.conn.next_event = next_event  # type: ignore[method-assign]
