@@ -485,6 +485,18 @@ def test_detokenize_out_of_vocabulary(http: httpx.Client) -> None:
     error_of(http.post("/detokenize", json={"tokens": ["a"]}), 400, "invalid_request_error")
 
 
+def test_token_ids_are_json_integers(http: httpx.Client) -> None:
+    """`true` and `"5"` are no token ids (pydantic's lax mode read them as 1 and 5)."""
+    for bad in (True, "5"):
+        error_of(http.post("/detokenize", json={"tokens": [bad]}), 400, "invalid_request_error")
+    for prompt in ([True], [[True]], [["5"]], [1, "5"]):  # ["5"] is a text prompt
+        body = {"prompt": prompt, "max_tokens": 1}
+        error_of(http.post("/v1/completions", json=body), 400, "invalid_request_error")
+    ok = tokenize(http, "Hi", add_special=False)
+    response = http.post("/v1/completions", json={"prompt": ok, "max_tokens": 1})
+    assert response.status_code == 200, response.text
+
+
 def test_tokenize_parse_special(http: httpx.Client) -> None:
     """llama-server's `parse_special` (default true): false tokenizes special-token text as
     plain text. It was ignored, so the text became the special token's one id."""

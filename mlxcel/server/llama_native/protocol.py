@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from mlxcel.engine.sampling.params import SAMPLING_KNOBS
 from mlxcel.server.errors import bad_request
@@ -106,11 +106,12 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    """POST /detokenize; ids are plain (arbitrary-precision) integers, checked later."""
+    """POST /detokenize; ids are JSON integers (arbitrary precision, checked later; `true` or
+    `"5"` is refused, as llama-server refuses them)."""
 
     model_config = ConfigDict(extra="allow")
 
-    tokens: list[int] = Field(default_factory=list)
+    tokens: list[StrictInt] = Field(default_factory=list)
 
 
 def split_prompts(value: Any) -> list[list[PromptPart]]:

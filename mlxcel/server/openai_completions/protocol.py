@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from mlxcel.server.openai_common import StreamOptions
 from mlxcel.server.sampling_fields import MAX_TOP_LOGPROBS, SamplingFields
 from mlxcel.server.token_limit import TokenLimitFields
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+Prompt = str | list[str] | list[StrictInt] | list[list[StrictInt]]
+"""Text or token ids; an id is a JSON integer (`true` or `"5"` is no token id)."""
 
 
 class CompletionRequest(SamplingFields, TokenLimitFields):
