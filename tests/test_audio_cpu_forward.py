@@ -236,3 +236,19 @@ def test_audio_ctx_choice(
     ours, whole = transcribe(tiny_en, speech), transcribe(full, speech)
     assert word_error_rate(SENTENCE, ours.text) == 0.0, ours.text
     assert [s.tokens for s in ours.segments] == [s.tokens for s in whole.segments]
+
+
+@pytest.mark.slow
+def test_a_prompt_on_a_short_window_does_not_loop(
+    tiny_en: WhisperModel, speech: np.ndarray
+) -> None:
+    """With a prompt ('Fox', or the previous window's text) the shortened encoder input made
+    tiny.en repeat the sentence until its token budget ran out, at every fallback
+    temperature (about 20 times, compression ratio 7); such a window is decoded again on
+    the whole 30 s, as mlx-whisper decodes it."""
+    assert tiny_en.model.encoder.audio_ctx == "auto"
+    for prompt in ("Fox", "The quick brown fox"):
+        result = transcribe(tiny_en, speech, TranscriptionOptions(prompt=prompt))
+        assert word_error_rate(SENTENCE, result.text) == 0.0, (prompt, result.text)
+        assert result.segments[0].temperature == 0.0
+    assert tiny_en.model.encoder.audio_ctx == "auto"  # the retry leaves it as it was

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,6 +41,11 @@ ROWS = 256  # rows per attention / MLP block: a 256x1536 float32 block is 1.5 Mi
 AUDIO_CTXS = ("auto", "full")
 MARGIN_FRAMES = 200  # mel frames (2 s) kept after the last one that holds audio
 STEP_FRAMES = 128  # the encoder's length is rounded up to a multiple of this many mel frames
+# mlx_whisper.transcribe's defaults (mlxcel keeps them): a window's decoding above the first
+# or below the second is redone at the next temperature, unless it is silence (the third).
+COMPRESSION_RATIO_THRESHOLD = 2.4
+LOGPROB_THRESHOLD = -1.0
+NO_SPEECH_THRESHOLD = 0.6
 MAX_ENCODER_THREADS = 4
 _ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _ERF_P = 0.3275911
@@ -469,3 +474,39 @@ def use_numpy_forward(model: Any, *, audio_ctx: str | None = None) -> None:
         if name in model:
             del model[name]
         object.__setattr__(model, name, replacement)
+    object.__setattr__(model, "decode", _FullContextRetry(model.decode, encoder))
+
+
+class _FullContextRetry:
+    """`model.decode` that decodes a window again on the whole 30 s of encoder input when
+    the shortened one (`audio_ctx="auto"`) gives what mlx-whisper would reject (too
+    repetitive or too unlikely, and not silence). The model never saw a short window in
+    training: with a prompt (--prompt, or the previous window's text) it can repeat the
+    speech until its token budget is spent, at every fallback temperature."""
+
+    def __init__(self, decode: Callable[..., Any], encoder: AudioEncoder) -> None:
+        self.decode = decode
+        self.encoder = encoder
+
+    def __call__(self, mel: Any, options: Any) -> Any:
+        result = self.decode(mel, options)
+        if self.encoder.audio_ctx != "auto" or not _rejected(result):
+            return result
+        self.encoder.audio_ctx = "full"
+        try:
+            return self.decode(mel, options)
+        finally:
+            self.encoder.audio_ctx = "auto"
+
+
+def _rejected(result: Any) -> bool:
+    """Whether mlx-whisper's transcribe (at its default thresholds) would fall back from
+    `result` (a DecodingResult, or a list of them for a batch)."""
+    if isinstance(result, list):
+        return any(_rejected(item) for item in result)
+    if result.no_speech_prob > NO_SPEECH_THRESHOLD:
+        return False
+    return bool(
+        result.compression_ratio > COMPRESSION_RATIO_THRESHOLD
+        or result.avg_logprob < LOGPROB_THRESHOLD
+    )
