@@ -51,6 +51,8 @@ def _call(method: str, url: str, path: str, api_key: str | None) -> dict[str, An
         response = httpx.request(method, target, headers=headers, timeout=30.0)
     except httpx.HTTPError as exc:
         fail(f"cannot reach {url}: {exc}")
+    except httpx.InvalidURL as exc:  # not an HTTPError ('http://[::1')
+        fail(f"--url {url!r} is not a valid URL: {exc}")
     try:
         payload = response.json()
     except ValueError:

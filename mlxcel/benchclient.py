@@ -64,6 +64,10 @@ class ServeBenchConfig:
         """Raise BenchClientError (one line) for the first invalid field."""
         if not self.base_url.startswith(("http://", "https://")):
             raise BenchClientError(f"--url must start with http:// or https://, not {self.url!r}")
+        try:
+            httpx.URL(self.base_url)
+        except httpx.InvalidURL as exc:  # not an HTTPError: it escaped as a traceback
+            raise BenchClientError(f"--url {self.url!r} is not a valid URL: {exc}") from None
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise BenchClientError("--concurrency levels must be >= 1")
         if self.requests is not None and self.requests < 1:

@@ -225,6 +225,7 @@ def test_serve_bench_nothing_listening_is_one_line() -> None:
     ("args", "needle"),
     [
         (["--url", "localhost:8080"], "must start with http"),
+        (["--url", "http://[::1"], "--url 'http://[::1' is not a valid URL: Invalid port"),
         (["--url", "http://x", "--concurrency", "0"], "integers >= 1"),
         (["--url", "http://x", "--requests", "0"], "--requests must be >= 1"),
         (["--url", "http://x", "--endpoint", "embeddings"], "chat or completions"),

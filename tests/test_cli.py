@@ -218,3 +218,10 @@ def test_tokenize_output_decodes_as_printed(tiny_llama_dir: Path) -> None:
         assert_one_line_error(
             run_cli("tokenize", "-m", model, "--decode", bad), repr(bad.split()[-1])
         )
+
+
+@pytest.mark.parametrize("command", ["stats", "reset"])
+def test_cache_remote_url_that_does_not_parse_is_one_line(command: str) -> None:
+    """httpx raises InvalidURL (no HTTPError) for 'http://[::1': it was a traceback."""
+    out = run_cli("cache", command, "--url", "http://[::1")
+    assert_one_line_error(out, "--url 'http://[::1' is not a valid URL")
