@@ -168,3 +168,33 @@ def test_speak_that_plays_says_so_after(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stderr.decode().strip().endswith("→ the speakers")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full is Linux's")
+@pytest.mark.parametrize("args", [["generate", "-n", "2", "hi"], ["tokenize", "hi"]])
+def test_output_to_a_full_disk_is_one_line(args: list[str], tiny_llama_dir: Path) -> None:
+    """A write to stdout failing (ENOSPC) was a traceback, or Python's 'Exception ignored'
+    at exit; it is one line and exit 1."""
+    with open("/dev/full", "wb") as full:
+        out = subprocess.run(
+            [sys.executable, "-m", "mlxcel", args[0], "-m", str(tiny_llama_dir), *args[1:]],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=180,
+        )
+    err = out.stderr.decode()
+    assert out.returncode == 1, err
+    assert [line for line in err.splitlines() if line.startswith("mlxcel:")] == [
+        "mlxcel: error: No space left on device"
+    ]
+    assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_closed_stdout_writes_into_nothing(tiny_llama_dir: Path) -> None:
+    """`mlxcel generate ... >&-` failed on `sys.stdout.write` (stdout is None then);
+    it runs as print() does, writing nothing."""
+    command = f'exec "{sys.executable}" -m mlxcel generate -m "{tiny_llama_dir}" -n 2 hi >&-'
+    out = subprocess.run(["sh", "-c", command], capture_output=True, timeout=180)
+    err = out.stderr.decode()
+    assert out.returncode == 0, err
+    assert "Traceback" not in err and err.startswith("prompt: ")
