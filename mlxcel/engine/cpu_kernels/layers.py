@@ -9,7 +9,7 @@ weight is repacked once into the kernel's int8 tiles (`pack_int8`: every 16 rows
 block by block with their float16 block scales, one sequential stream; 4-bit codes as
 nibbles, 5-bit ones (GGUF's Q5_0/Q5_1) as nibbles and a plane of fifth bits, other widths
 one byte a code) and MLX's three arrays are dropped. A 4-, 5- or 8-bit layer whose every
-bias is -2^(bits-1) times its scale (GGUF's Q4_0, Q5_0 and Q8_0) gets symmetric tiles, which
+bias is -2^(bits-1) times its scale (GGUF's Q4_0, Q5_0, Q8_0 and Q6_K) gets symmetric tiles, which
 hold no biases (the kernel derives them, bit for bit): 8.5 bits a Q8_0 weight, as in the file,
 not 9. Every matmul of that layer, a decode
 step or a 512-row prefill, runs on the tiles with int8 activations, each tile read once per
@@ -368,7 +368,7 @@ _PACK_TILES = 1024
 
 def symmetric(scales: mx.array, biases: mx.array, bits: int) -> bool:
     """Whether a 4-, 5- or 8-bit layer's every bias is -2^(bits-1) times its scale (GGUF's
-    Q4_0, Q5_0 and Q8_0), so that its tiles can leave the biases out."""
+    Q4_0, Q5_0, Q8_0 and Q6_K), so that its tiles can leave the biases out."""
     if bits != tile_bits(bits):
         return False
     return bool(mx.array_equal(biases, scales * -float(1 << (bits - 1))))
