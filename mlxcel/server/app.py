@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
@@ -143,10 +143,25 @@ def _include_no_chat_model_routes(app: FastAPI, settings: Settings, prefix: str)
 def answer_head(router: APIRouter) -> None:
     """Every GET route of `router` answers HEAD too (the GET's status and headers, no
     body), as llama-server's HTTP library does; FastAPI answered 405, and probes send
-    `HEAD /health`. Before the router is included: the app keeps its own view of it."""
+    `HEAD /health`. Before the router is included: the app keeps its own view of it. The
+    API document leaves these HEADs out (`_document_without_head`): HEAD mirrors GET."""
     for route in router.routes:
         if isinstance(route, APIRoute) and route.methods and "GET" in route.methods:
             route.methods.add("HEAD")
+
+
+def _document_without_head(app: FastAPI) -> None:
+    """`app.openapi()` without the HEAD operations `answer_head` adds: they have no body
+    to describe, and a document listing them promises JSON answers they cannot carry."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        document = build()
+        for operations in document.get("paths", {}).values():
+            operations.pop("head", None)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) -> FastAPI:
@@ -166,6 +181,7 @@ def create_app(state: ServerState, *, max_header_bytes: int = MAX_HEADER_BYTES) 
     for router in _routers():
         answer_head(router)
         app.include_router(router, prefix=prefix)
+    _document_without_head(app)
     # Middleware added last runs first: CORS (answers preflights), then the guard, then
     # the wake-up of a sleeping model (`--sleep-idle-seconds`) for the routes that need it.
     app.add_middleware(
